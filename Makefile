@@ -1,0 +1,51 @@
+# Quick start: `make run` (the main job), `make test` (the test suite). Both create .venv if needed.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+# The CPU build of torch; a bare `torch` requirement would pull several GB of CUDA wheels.
+TORCH_SPEC := torch==2.13.0
+
+.PHONY: run test lint protos check-protos lint-protos venv clean
+
+$(BIN)/pipelinerl: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward]"
+	touch $@
+
+venv: $(BIN)/pipelinerl
+
+# Until the coordinator lands, the main job starts the reward service, waits for it to be healthy,
+# and stops it by its pid.
+run: venv
+	@$(BIN)/pipelinerl serve reward --port 50053 & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid' EXIT; \
+	$(BIN)/pipelinerl health 127.0.0.1:50053 --wait 120
+
+test: venv
+	$(BIN)/pytest -m "not vllm"
+
+protos: venv
+	$(BIN)/python scripts/gen_protos.py
+
+# Regenerating must not change the committed stubs.
+check-protos: protos
+	git diff --exit-code -- services
+	test -z "$$(git status --porcelain --untracked-files=all -- services | grep '_pb2')"
+
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+lint-protos: $(BUF)
+	cd protos && ../$(BUF) lint
+	$(BUF) breaking protos --against '.git#branch=main,subdir=protos'
+
+lint: venv lint-protos check-protos
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache

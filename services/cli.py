@@ -1,0 +1,77 @@
+"""The `pipelinerl` command.
+
+    pipelinerl serve <service> [--config FILE] [--<setting> VALUE ...]
+
+Each service's settings are its flags (`pipelinerl serve reward --help` lists them, with their
+documentation); environment variables `PIPELINERL_<SERVICE>_<SETTING>` and a YAML/TOML file given
+with `--config` fill in the rest. Services are imported lazily, so `serve reward` never loads torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+
+# Services with a real core to serve; each module has `serve(config_file, cli_args)`.
+SERVICES = {
+    "reward": "pipelinerl.reward.__main__",
+}
+
+
+def split_config_flag(args: list[str]) -> tuple[Path | None, list[str]]:
+    """Take `--config FILE` (or `--config=FILE`) out of the arguments; the rest are settings flags."""
+    rest: list[str] = []
+    config: Path | None = None
+    it = iter(args)
+    for arg in it:
+        if arg == "--config":
+            value = next(it, None)
+            if value is None:
+                raise typer.BadParameter("--config needs a file")
+            config = Path(value)
+        elif arg.startswith("--config="):
+            config = Path(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return config, rest
+
+
+@app.callback()
+def main() -> None:
+    """Asynchronous RL for language models with in-flight weight updates, as gRPC services."""
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
+def serve(
+    ctx: typer.Context, service: str = typer.Argument(..., help=f"One of: {', '.join(SERVICES)}")
+) -> None:
+    """Start one service in the foreground until SIGTERM or Ctrl-C (then drain gracefully)."""
+    if service not in SERVICES:
+        raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}")
+    config, settings_args = split_config_flag(list(ctx.args))
+    importlib.import_module(SERVICES[service]).serve(config, settings_args)
+
+
+@app.command()
+def health(
+    address: str = typer.Argument(..., help="host:port of any PipelineRL service"),
+    service: str = typer.Option("", help="Full service name to check; empty checks the server as a whole"),
+    wait: float = typer.Option(0.0, help="Keep trying for this many seconds until it is SERVING"),
+    auth_token: str | None = typer.Option(
+        None, envvar="PIPELINERL_AUTH_TOKEN", help="Bearer token, if needed"
+    ),
+) -> None:
+    """Ask a server's grpc.health.v1 service; exit 0 when SERVING, 1 otherwise (for scripts and probes)."""
+    import asyncio
+
+    from pipelinerl.common.health import wait_until_serving
+
+    serving = asyncio.run(wait_until_serving(address, service, wait, auth_token))
+    typer.echo(f"{address} {service or '(server)'}: {'SERVING' if serving else 'NOT SERVING'}")
+    raise typer.Exit(0 if serving else 1)

@@ -1,0 +1,141 @@
+"""Client channels to PipelineRL services: deadlines, retries of UNAVAILABLE with backoff, bearer
+token and TLS, the same message-size limit as the servers.
+
+Retries use gRPC's own retry policy (service config), so they apply to every method, including the
+start of streams, and respect the call's deadline. Unary calls without an explicit `timeout=` get
+`default_timeout_s`; long-lived streams are left without a deadline and end by cancellation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import grpc
+
+from pipelinerl.common.server import channel_options
+from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """How to reach one service."""
+
+    address: str
+    """`host:port` of the service."""
+    auth_token: str | None = None
+    """Bearer token the server expects, if any."""
+    tls_ca_file: Path | None = None
+    """PEM CA bundle to verify the server with; set to use TLS."""
+    tls_cert_file: Path | None = None
+    """Client certificate for mutual TLS."""
+    tls_key_file: Path | None = None
+    """Private key of `tls_cert_file`."""
+    default_timeout_s: float = 30.0
+    """Deadline of unary calls that pass none."""
+    max_attempts: int = 5
+    """Attempts of a call that fails with UNAVAILABLE (1 = no retry)."""
+    initial_backoff_s: float = 0.1
+    """First retry delay; doubles each attempt up to `max_backoff_s` (gRPC adds jitter)."""
+    max_backoff_s: float = 5.0
+    """Longest retry delay."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """Largest message sent or received."""
+
+
+def _service_config(config: ChannelConfig) -> str:
+    retry = {
+        "maxAttempts": config.max_attempts,
+        "initialBackoff": f"{config.initial_backoff_s}s",
+        "maxBackoff": f"{config.max_backoff_s}s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    policy: dict[str, Any] = {"name": [{}]}
+    if config.max_attempts > 1:
+        policy["retryPolicy"] = retry
+    return json.dumps({"methodConfig": [policy]})
+
+
+class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds the bearer token and, for unary calls without one, the default deadline."""
+
+    def __init__(self, config: ChannelConfig) -> None:
+        self._config = config
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        timeout = client_call_details.timeout
+        details = client_call_details._replace(
+            timeout=self._config.default_timeout_s if timeout is None else timeout,
+            metadata=_with_token(client_call_details.metadata, self._config.auth_token),
+        )
+        return await continuation(details, request)
+
+
+class _TokenInterceptor(
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds the bearer token to streaming calls."""
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+    def _details(self, details):  # type: ignore[no-untyped-def]
+        return details._replace(metadata=_with_token(details.metadata, self._token))
+
+
+def _with_token(metadata: Any, token: str | None) -> grpc.aio.Metadata | None:
+    if token is None:
+        return metadata
+    merged = grpc.aio.Metadata(*(tuple(metadata) if metadata else ()))
+    merged.add("authorization", f"Bearer {token}")
+    return merged
+
+
+def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
+    """An asyncio channel to one service (pass a `host:port` string for all defaults)."""
+    if isinstance(config, str):
+        config = ChannelConfig(address=config)
+    options = [
+        *channel_options(config.max_message_bytes),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", _service_config(config)),
+    ]
+    interceptors = [_DefaultsInterceptor(config), _TokenInterceptor(config.auth_token)]
+    if config.tls_ca_file is None:
+        return grpc.aio.insecure_channel(config.address, options=options, interceptors=interceptors)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=config.tls_ca_file.read_bytes(),
+        private_key=config.tls_key_file.read_bytes() if config.tls_key_file else None,
+        certificate_chain=config.tls_cert_file.read_bytes() if config.tls_cert_file else None,
+    )
+    return grpc.aio.secure_channel(config.address, credentials, options=options, interceptors=interceptors)
+
+
+class ServiceClient:
+    """Base of the typed clients: owns one channel; use as `async with Client(address) as c`."""
+
+    def __init__(self, config: ChannelConfig | str) -> None:
+        self._channel = open_channel(config)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,33 @@
+"""Client side of grpc.health.v1: wait until a service reports SERVING (launchers, probes, tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pipelinerl.common.channel import ChannelConfig, open_channel
+
+
+async def wait_until_serving(
+    address: str, service: str = "", timeout_s: float = 0.0, auth_token: str | None = None
+) -> bool:
+    """True once `service` on `address` is SERVING; False if it is not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    channel = open_channel(ChannelConfig(address, auth_token=auth_token, max_attempts=1))
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+    finally:
+        await channel.close()

@@ -1,0 +1,220 @@
+"""The gRPC server every service runs on: asyncio server, health, reflection, auth, TLS, limits,
+domain-error mapping and a graceful SIGTERM.
+
+    settings ──► GrpcServer(settings, [Registration(...)]) ──► start() ── binds host:port
+                     │ interceptors: bearer token (health exempt) → domain error → gRPC status
+                     │ grpc.health.v1 (SERVING per service) + reflection
+    SIGTERM ──► drain(): health NOT_SERVING → on_drain hooks → server.stop(grace=drain_seconds)
+
+A servicer raises `pipelinerl.common.errors.*`; the interceptor aborts the call with the mapped code
+and google.rpc details, so servicers hold no status-code logic of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.common.status import rpc_status
+
+log = get_logger(__name__)
+
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One gRPC service to serve: its full name (`pipelinerl.reward.v1.RewardService`) and how to
+    add its servicer to a server (the generated `add_<Name>Servicer_to_server` bound to a servicer)."""
+
+    name: str
+    add_to_server: Callable[[grpc.aio.Server], None]
+
+
+def join_host_port(host: str, port: int) -> str:
+    """`host:port`, with IPv6 literals bracketed (`[::1]:50051`)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """Message-size options shared by servers and client channels."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+def _wrap_behavior(
+    handler: grpc.RpcMethodHandler,
+    wrap_unary: Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]],
+    wrap_stream: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> grpc.RpcMethodHandler:
+    """Rebuild `handler` with its behaviour wrapped, keeping its (de)serializers and arity."""
+    serde = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(wrap_stream(handler.stream_stream), **serde)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(wrap_unary(handler.stream_unary), **serde)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(wrap_stream(handler.unary_stream), **serde)
+    return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), **serde)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns a `PipelineError` raised by a servicer into its status code with google.rpc details."""
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        def wrap_unary(behavior):  # type: ignore[no-untyped-def]
+            async def unary(request, context):  # type: ignore[no-untyped-def]
+                try:
+                    return await behavior(request, context)
+                except PipelineError as exc:
+                    log.info("call failed", method=method, code=exc.code, error=exc.message)
+                    await context.abort_with_status(rpc_status(exc))
+
+            return unary
+
+        def wrap_stream(behavior):  # type: ignore[no-untyped-def]
+            async def stream(request, context):  # type: ignore[no-untyped-def]
+                try:
+                    async for response in behavior(request, context):
+                        yield response
+                except PipelineError as exc:
+                    log.info("stream failed", method=method, code=exc.code, error=exc.message)
+                    await context.abort_with_status(rpc_status(exc))
+
+            return stream
+
+        return _wrap_behavior(handler, wrap_unary, wrap_stream)
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without `authorization: Bearer <token>`; health checks stay open for probes."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(HEALTH_PREFIX):
+            return handler
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        sent = str(metadata.get("authorization", "")).encode()
+        if hmac.compare_digest(sent, self._expected):
+            return handler
+
+        async def deny(request, context):  # type: ignore[no-untyped-def]
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+        async def deny_stream(request, context):  # type: ignore[no-untyped-def]
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+            yield  # pragma: no cover - makes this an async generator like the real handler
+
+        return _wrap_behavior(handler, lambda _: deny, lambda _: deny_stream)
+
+
+@dataclass
+class GrpcServer:
+    """A started or startable server for one or more services."""
+
+    settings: ServiceSettings
+    services: Sequence[Registration]
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called on shutdown before the grace period starts, e.g. to end long-lived streams politely."""
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called after the server stopped, e.g. to release engines and process pools."""
+    port: int = 0
+    _server: grpc.aio.Server | None = None
+    _health: HealthServicer = field(default_factory=HealthServicer)
+
+    async def start(self) -> int:
+        """Bind and start serving; returns the bound port."""
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.settings.auth_token:
+            interceptors.append(BearerTokenInterceptor(self.settings.auth_token))
+        interceptors.append(ErrorMappingInterceptor())
+        server = grpc.aio.server(
+            interceptors=interceptors, options=channel_options(self.settings.max_message_bytes)
+        )
+        for service in self.services:
+            service.add_to_server(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [s.name for s in self.services]
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflected = [*names, health_name, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(reflected, server)
+        self.port = self._bind(server)
+        await server.start()
+        for name in ("", *names):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        log.info("serving", address=self.address, services=names, tls=self.settings.tls_cert_file is not None)
+        return self.port
+
+    @property
+    def address(self) -> str:
+        return join_host_port(self.settings.host, self.port)
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        address = join_host_port(self.settings.host, self.settings.port)
+        s = self.settings
+        if s.tls_cert_file is None or s.tls_key_file is None:
+            port = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(s.tls_key_file.read_bytes(), s.tls_cert_file.read_bytes())],
+                root_certificates=s.tls_client_ca_file.read_bytes() if s.tls_client_ca_file else None,
+                require_client_auth=s.tls_client_ca_file is not None,
+            )
+            port = server.add_secure_port(address, credentials)
+        if port == 0:
+            raise OSError(f"could not bind {address}")
+        return port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: report NOT_SERVING, refuse new calls, let calls in flight finish within `grace`
+        (default `drain_seconds`), cancel the rest, then release resources."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await self._health.enter_graceful_shutdown()
+        for hook in self.on_drain:
+            await hook()
+        grace = self.settings.drain_seconds if grace is None else grace
+        log.info("draining", grace_s=grace)
+        await server.stop(grace)
+        for hook in self.on_close:
+            await hook()
+        log.info("stopped")
+
+    async def serve_until_signal(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then drain and stop."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

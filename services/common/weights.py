@@ -1,0 +1,95 @@
+"""Domain view of a weight version on the wire: the layout of tensors in flat buckets, the notice a
+trainer sends when a version is ready, and the chunks `FetchWeights` streams.
+
+The weight publisher (trainer side) and receivers (inference side) speak these types; conversion
+to `pipelinerl.common.v1` / `pipelinerl.trainer.v1` messages happens in the servicers and clients.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from dataclasses import dataclass
+
+from pipelinerl.common.types import WeightVersion
+
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class ChecksumAlgorithm(enum.Enum):
+    CRC32 = "crc32"
+    SHA256 = "sha256"
+
+
+def crc32(data: bytes | memoryview) -> bytes:
+    """CRC-32 (zlib) as 4 big-endian bytes: the default bucket and chunk checksum."""
+    return zlib.crc32(data).to_bytes(4, "big")
+
+
+@dataclass(frozen=True)
+class Checksum:
+    algorithm: ChecksumAlgorithm
+    value: bytes
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Where one tensor sits inside its bucket."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """`float32`, `float16` or `bfloat16` (torch dtype names)."""
+    bucket: int
+    offset: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    index: int
+    num_bytes: int
+    checksum: Checksum
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    tensors: tuple[TensorSpec, ...]
+    buckets: tuple[BucketSpec, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.num_bytes for b in self.buckets)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where one receiver joins the torch.distributed broadcast of one version."""
+
+    backend: str
+    host: str
+    port: int
+    group_name: str
+    world_size: int
+    rank: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class WeightNotice:
+    """A new version is ready; receive it by broadcast (if `broadcast` is set) or by fetching."""
+
+    version: WeightVersion
+    layout: WeightLayout
+    broadcast: Rendezvous | None = None
+
+
+@dataclass(frozen=True)
+class WeightChunk:
+    """Bytes `[offset, offset + len(data))` of one bucket of one version."""
+
+    version: WeightVersion
+    bucket: int
+    offset: int
+    data: bytes
+    checksum: Checksum

@@ -1,0 +1,40 @@
+"""Typed asyncio client of the coordinator, used by `pipelinerl run` and the tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from pipelinerl.common.channel import ChannelConfig, ServiceClient
+from pipelinerl.common.status import domain_errors
+from pipelinerl.coordinator.convert import run_from_proto, spec_to_proto
+from pipelinerl.coordinator.types import RunInfo, RunSpec
+from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
+from pipelinerl.coordinator.v1 import coordinator_pb2_grpc
+
+
+class CoordinatorClient(ServiceClient):
+    def __init__(self, config: ChannelConfig | str) -> None:
+        super().__init__(config)
+        self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel)
+
+    async def start_run(self, spec: RunSpec, run_id: str = "", timeout_s: float | None = None) -> RunInfo:
+        with domain_errors():
+            response = await self._stub.StartRun(
+                pb.StartRunRequest(run_id=run_id, spec=spec_to_proto(spec)), timeout=timeout_s
+            )
+        return run_from_proto(response.run)
+
+    async def get_run(self, run_id: str, timeout_s: float | None = None) -> RunInfo:
+        with domain_errors():
+            response = await self._stub.GetRun(pb.GetRunRequest(run_id=run_id), timeout=timeout_s)
+        return run_from_proto(response.run)
+
+    async def stop_run(self, run_id: str, timeout_s: float | None = None) -> RunInfo:
+        with domain_errors():
+            response = await self._stub.StopRun(pb.StopRunRequest(run_id=run_id), timeout=timeout_s)
+        return run_from_proto(response.run)
+
+    async def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
+        with domain_errors():
+            async for response in self._stub.WatchRun(pb.WatchRunRequest(run_id=run_id)):
+                yield run_from_proto(response.run)

@@ -1,0 +1,124 @@
+"""Coordinator messages <-> coordinator domain types, both directions (servicer and client)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC
+
+from google.protobuf import timestamp_pb2
+
+from pipelinerl.common import convert
+from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.coordinator.types import Mode, Progress, RunInfo, RunSpec, RunState, ServerVersion
+from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
+
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_MODES = {Mode.PIPELINE: pb.MODE_PIPELINE, Mode.SYNC: pb.MODE_SYNC}
+_MODE_NAMES = {v: k for k, v in _MODES.items()}
+_STATES = {
+    RunState.RUNNING: pb.RUN_STATE_RUNNING,
+    RunState.STOPPING: pb.RUN_STATE_STOPPING,
+    RunState.STOPPED: pb.RUN_STATE_STOPPED,
+    RunState.COMPLETED: pb.RUN_STATE_COMPLETED,
+    RunState.FAILED: pb.RUN_STATE_FAILED,
+}
+_STATE_NAMES = {v: k for k, v in _STATES.items()}
+
+
+def run_id_from_proto(run_id: str, field: str = "run_id") -> str:
+    if not RUN_ID.match(run_id):
+        raise InvalidArgument.field(field, "must be 1 to 64 letters, digits, '-' or '_'")
+    return run_id
+
+
+def spec_to_proto(spec: RunSpec) -> pb.RunSpec:
+    return pb.RunSpec(
+        dataset=spec.dataset,
+        group_size=spec.group_size,
+        max_samples=spec.max_samples,
+        sampling=convert.sampling_to_proto(spec.sampling),
+        mode=_MODES[spec.mode],
+        max_in_flight=spec.max_in_flight,
+        seed=spec.seed,
+    )
+
+
+def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
+    checks = [
+        (bool(msg.dataset), "dataset", "must name a dataset"),
+        (msg.group_size >= 2, "group_size", "must be at least 2"),
+        (msg.max_samples >= 0, "max_samples", "must be >= 0"),
+        (msg.mode in _MODE_NAMES, "mode", "must be MODE_PIPELINE or MODE_SYNC"),
+        (msg.max_in_flight >= msg.group_size, "max_in_flight", "must be at least group_size"),
+    ]
+    for ok, name, why in checks:
+        if not ok:
+            raise InvalidArgument.field(f"{field}.{name}", why)
+    return RunSpec(
+        dataset=msg.dataset,
+        group_size=msg.group_size,
+        max_samples=msg.max_samples,
+        sampling=convert.sampling_from_proto(msg.sampling, f"{field}.sampling"),
+        mode=_MODE_NAMES[msg.mode],
+        max_in_flight=msg.max_in_flight,
+        seed=msg.seed,
+    )
+
+
+def progress_to_proto(p: Progress) -> pb.Progress:
+    return pb.Progress(
+        dispatched=p.dispatched,
+        generated=p.generated,
+        scored=p.scored,
+        trained=p.trained,
+        dropped=p.dropped,
+        samples_per_s=p.samples_per_s,
+        reward_mean=p.reward_mean,
+        correct_fraction=p.correct_fraction,
+        lag_mean=p.lag_mean,
+        trainer_version=p.trainer_version,
+        servers=[
+            pb.ServerVersion(address=s.address, version=s.version, in_flight=s.in_flight) for s in p.servers
+        ],
+    )
+
+
+def progress_from_proto(msg: pb.Progress) -> Progress:
+    return Progress(
+        dispatched=msg.dispatched,
+        generated=msg.generated,
+        scored=msg.scored,
+        trained=msg.trained,
+        dropped=msg.dropped,
+        samples_per_s=msg.samples_per_s,
+        reward_mean=msg.reward_mean,
+        correct_fraction=msg.correct_fraction,
+        lag_mean=msg.lag_mean,
+        trainer_version=msg.trainer_version,
+        servers=tuple(ServerVersion(s.address, s.version, s.in_flight) for s in msg.servers),
+    )
+
+
+def run_to_proto(run: RunInfo) -> pb.Run:
+    started = timestamp_pb2.Timestamp()
+    started.FromDatetime(run.started_at)
+    return pb.Run(
+        run_id=run.run_id,
+        spec=spec_to_proto(run.spec),
+        state=_STATES[run.state],
+        progress=progress_to_proto(run.progress),
+        started_at=started,
+        error=run.error,
+    )
+
+
+def run_from_proto(msg: pb.Run) -> RunInfo:
+    return RunInfo(
+        run_id=msg.run_id,
+        spec=spec_from_proto(msg.spec),
+        state=_STATE_NAMES[msg.state],
+        progress=progress_from_proto(msg.progress),
+        started_at=msg.started_at.ToDatetime(tzinfo=UTC),
+        error=msg.error,
+    )

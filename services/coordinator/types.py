@@ -1,0 +1,89 @@
+"""What the coordinator servicer needs from the run manager, free of protobuf and grpc."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from pipelinerl.common.types import SamplingParams
+
+
+class Mode(enum.Enum):
+    PIPELINE = "pipeline"
+    """Generation, scoring and training overlap; weights update in flight."""
+    SYNC = "sync"
+    """Conventional baseline: generate a batch, score, train, repeat."""
+
+
+class RunState(enum.Enum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    dataset: str
+    """`builtin:<task>` or a path to a local JSONL/parquet file."""
+    group_size: int = 8
+    max_samples: int = 0
+    """Stop after this many trained samples; 0 means no limit."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    mode: Mode = Mode.PIPELINE
+    max_in_flight: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ServerVersion:
+    address: str
+    version: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    dispatched: int = 0
+    generated: int = 0
+    scored: int = 0
+    trained: int = 0
+    dropped: int = 0
+    samples_per_s: float = 0.0
+    reward_mean: float = 0.0
+    correct_fraction: float = 0.0
+    lag_mean: float = 0.0
+    trainer_version: int = 0
+    servers: tuple[ServerVersion, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    spec: RunSpec
+    state: RunState
+    progress: Progress
+    started_at: datetime
+    error: str = ""
+
+
+class CoordinatorCore(Protocol):
+    """The run manager as the servicer sees it."""
+
+    async def start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
+        """Start, or return the run already started under this id (idempotent)."""
+        ...
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """NotFound for an unknown id."""
+        ...
+
+    async def stop_run(self, run_id: str) -> RunInfo: ...
+
+    def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
+        """The run about once a second until it ends."""
+        ...

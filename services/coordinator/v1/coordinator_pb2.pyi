@@ -1,0 +1,156 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from pipelinerl.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_PIPELINE: _ClassVar[Mode]
+    MODE_SYNC: _ClassVar[Mode]
+
+class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_STATE_UNSPECIFIED: _ClassVar[RunState]
+    RUN_STATE_RUNNING: _ClassVar[RunState]
+    RUN_STATE_STOPPING: _ClassVar[RunState]
+    RUN_STATE_STOPPED: _ClassVar[RunState]
+    RUN_STATE_COMPLETED: _ClassVar[RunState]
+    RUN_STATE_FAILED: _ClassVar[RunState]
+MODE_UNSPECIFIED: Mode
+MODE_PIPELINE: Mode
+MODE_SYNC: Mode
+RUN_STATE_UNSPECIFIED: RunState
+RUN_STATE_RUNNING: RunState
+RUN_STATE_STOPPING: RunState
+RUN_STATE_STOPPED: RunState
+RUN_STATE_COMPLETED: RunState
+RUN_STATE_FAILED: RunState
+
+class RunSpec(_message.Message):
+    __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    group_size: int
+    max_samples: int
+    sampling: _common_pb2.SamplingParams
+    mode: Mode
+    max_in_flight: int
+    seed: int
+    def __init__(self, dataset: _Optional[str] = ..., group_size: _Optional[int] = ..., max_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., max_in_flight: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class ServerVersion(_message.Message):
+    __slots__ = ("address", "version", "in_flight")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    version: int
+    in_flight: int
+    def __init__(self, address: _Optional[str] = ..., version: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("dispatched", "generated", "scored", "trained", "dropped", "samples_per_s", "reward_mean", "correct_fraction", "lag_mean", "trainer_version", "servers")
+    DISPATCHED_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    SCORED_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    LAG_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    dispatched: int
+    generated: int
+    scored: int
+    trained: int
+    dropped: int
+    samples_per_s: float
+    reward_mean: float
+    correct_fraction: float
+    lag_mean: float
+    trainer_version: int
+    servers: _containers.RepeatedCompositeFieldContainer[ServerVersion]
+    def __init__(self, dispatched: _Optional[int] = ..., generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., dropped: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., reward_mean: _Optional[float] = ..., correct_fraction: _Optional[float] = ..., lag_mean: _Optional[float] = ..., trainer_version: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerVersion, _Mapping]]] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("run_id", "spec", "state", "progress", "started_at", "error")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    spec: RunSpec
+    state: RunState
+    progress: Progress
+    started_at: _timestamp_pb2.Timestamp
+    error: str
+    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[RunSpec, _Mapping]] = ..., state: _Optional[_Union[RunState, str]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class StartRunRequest(_message.Message):
+    __slots__ = ("run_id", "spec")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    spec: RunSpec
+    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[RunSpec, _Mapping]] = ...) -> None: ...
+
+class StartRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class GetRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class StopRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class StopRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class WatchRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class WatchRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,154 @@
+"""Typed asyncio client of the inference server.
+
+`GenerateSession` holds one Generate stream and honours the server's flow-control window: a call
+to `generate()` waits for a free slot before it submits, so the client never overfills the server.
+
+    async with InferenceClient("127.0.0.1:50051") as client, client.session() as session:
+        completion = await session.generate(GenerationRequest("r1", [1, 2, 3], SamplingParams()))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+
+from pipelinerl.common import convert
+from pipelinerl.common.channel import ChannelConfig, ServiceClient
+from pipelinerl.common.errors import Unavailable
+from pipelinerl.common.status import domain_errors, error_from_rpc, error_from_status
+from pipelinerl.common.types import TokenSequence
+from pipelinerl.inference.convert import completion_from_proto, status_from_proto
+from pipelinerl.inference.types import Completion, EngineStatus, GenerationRequest
+from pipelinerl.inference.v1 import inference_pb2 as pb
+from pipelinerl.inference.v1 import inference_pb2_grpc
+
+DeltaCallback = Callable[[TokenSequence], None]
+
+
+class GenerateSession:
+    """One Generate stream carrying many concurrent requests."""
+
+    def __init__(self, stub: inference_pb2_grpc.InferenceServiceStub) -> None:
+        self._stub = stub
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[str, tuple[asyncio.Future[Completion], DeltaCallback | None]] = {}
+        self._slots = asyncio.Condition()
+        self._write_lock = asyncio.Lock()  # a gRPC call takes one write at a time
+        self._window = 0
+        self._capacity = asyncio.Event()
+        self._closed: Exception | None = None
+        self.max_new_tokens = 0
+        self.max_context = 0
+
+    @property
+    def window(self) -> int:
+        """Requests the server accepts in flight on this stream now."""
+        return self._window
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def __aenter__(self) -> GenerateSession:
+        self._call = self._stub.Generate()
+        self._reader = asyncio.create_task(self._read())
+        await self._capacity.wait()
+        if self._closed is not None:
+            raise self._closed
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def generate(self, request: GenerationRequest, on_delta: DeltaCallback | None = None) -> Completion:
+        """Submit once a slot is free and wait for the completion. Cancelling this coroutine cancels
+        the request on the server. Raises the request's domain error (InvalidArgument, ...)."""
+        assert self._call is not None, "use `async with session`"
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._closed is not None or len(self._pending) < self._window)
+            if self._closed is not None:
+                raise self._closed
+            future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+            self._pending[request.request_id] = (future, on_delta)
+        submission = pb.Submission(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=convert.sampling_to_proto(request.sampling),
+            stream_tokens=on_delta is not None,
+        )
+        try:
+            await self._write(pb.GenerateRequest(submit=submission))
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if self._closed is None:
+                await self._write(pb.GenerateRequest(cancel=pb.Cancellation(request_id=request.request_id)))
+            raise
+        finally:
+            async with self._slots:
+                self._pending.pop(request.request_id, None)
+                self._slots.notify_all()
+
+    async def _write(self, message: pb.GenerateRequest) -> None:
+        assert self._call is not None
+        async with self._write_lock:
+            await self._call.write(message)
+
+    async def _read(self) -> None:
+        assert self._call is not None
+        try:
+            # read() rather than `async for`: gRPC forbids mixing iteration with write().
+            while (response := await self._call.read()) is not grpc.aio.EOF:
+                await self._dispatch(response)
+            self._closed = Unavailable("the inference server ended the stream")
+        except grpc.aio.AioRpcError as err:
+            self._closed = error_from_rpc(err)
+        finally:
+            if self._closed is None:
+                self._closed = Unavailable("stream closed")
+            self._capacity.set()
+            for future, _ in self._pending.values():
+                if not future.done():
+                    future.set_exception(self._closed)
+            async with self._slots:
+                self._slots.notify_all()
+
+    async def _dispatch(self, response: pb.GenerateResponse) -> None:
+        event = response.WhichOneof("event")
+        if event == "capacity":
+            self.max_new_tokens = response.capacity.max_new_tokens
+            self.max_context = response.capacity.max_context
+            async with self._slots:
+                self._window = response.capacity.max_in_flight
+                self._slots.notify_all()
+            self._capacity.set()
+            return
+        request_id = getattr(response, event).request_id
+        future, on_delta = self._pending.get(request_id, (None, None))
+        if future is None or future.done():
+            return
+        if event == "delta" and on_delta is not None:
+            on_delta(convert.tokens_from_proto(response.delta.tokens))
+        elif event == "completion":
+            future.set_result(completion_from_proto(response.completion))
+        elif event == "error":
+            future.set_exception(error_from_status(response.error.status))
+
+
+class InferenceClient(ServiceClient):
+    def __init__(self, config: ChannelConfig | str) -> None:
+        super().__init__(config)
+        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+
+    def session(self) -> GenerateSession:
+        """A new Generate stream (use with `async with`)."""
+        return GenerateSession(self._stub)
+
+    async def status(self, timeout_s: float | None = None) -> EngineStatus:
+        with domain_errors():
+            return status_from_proto(await self._stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s))

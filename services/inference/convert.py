@@ -1,0 +1,65 @@
+"""Inference messages <-> inference domain types, both directions (servicer and client)."""
+
+from __future__ import annotations
+
+from pipelinerl.common import convert
+from pipelinerl.inference.types import Completion, EngineStatus, Limits
+from pipelinerl.inference.v1 import inference_pb2 as pb
+
+
+def capacity_to_proto(limits: Limits, max_in_flight: int) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        capacity=pb.Capacity(
+            max_in_flight=max_in_flight,
+            max_new_tokens=limits.max_new_tokens,
+            max_context=limits.max_context,
+        )
+    )
+
+
+def completion_to_proto(c: Completion) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        completion=pb.Completion(
+            request_id=c.request_id,
+            prompt_token_ids=c.prompt_token_ids,
+            completion=convert.tokens_to_proto(c.tokens),
+            text=c.text,
+            finish_reason=convert.finish_reason_to_proto(c.finish_reason),
+        )
+    )
+
+
+def completion_from_proto(msg: pb.Completion) -> Completion:
+    return Completion(
+        request_id=msg.request_id,
+        prompt_token_ids=list(msg.prompt_token_ids),
+        tokens=convert.tokens_from_proto(msg.completion),
+        text=msg.text,
+        finish_reason=convert.finish_reason_from_proto(msg.finish_reason),
+    )
+
+
+def status_to_proto(s: EngineStatus) -> pb.GetStatusResponse:
+    return pb.GetStatusResponse(
+        weight_version=convert.version_to_proto(s.weight_version),
+        running=s.running,
+        queued=s.queued,
+        tokens_per_s=s.tokens_per_s,
+        weight_updates=s.weight_updates,
+        failed_weight_updates=s.failed_weight_updates,
+        engine=s.engine,
+        model=s.model,
+    )
+
+
+def status_from_proto(msg: pb.GetStatusResponse) -> EngineStatus:
+    return EngineStatus(
+        weight_version=convert.version_from_proto(msg.weight_version),
+        running=msg.running,
+        queued=msg.queued,
+        tokens_per_s=msg.tokens_per_s,
+        weight_updates=msg.weight_updates,
+        failed_weight_updates=msg.failed_weight_updates,
+        engine=msg.engine,
+        model=msg.model,
+    )

@@ -1,0 +1,79 @@
+"""What the inference servicer needs from an engine, free of protobuf and grpc.
+
+Both engines (built-in and vLLM) are wrapped to this shape: `generate` is an async iterator of
+updates for one request; closing it early (client cancel, stream closed) aborts the request and
+frees its cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stream_tokens: bool = False
+
+
+@dataclass
+class GenerationUpdate:
+    """New tokens of one request; the last update of a request has `finish_reason` set."""
+
+    request_id: str
+    tokens: TokenSequence = field(default_factory=TokenSequence)
+    finish_reason: FinishReason | None = None
+    text: str = ""
+    """The whole decoded completion, in the final update only."""
+
+
+@dataclass
+class Completion:
+    """A finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    tokens: TokenSequence
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_running: int
+    """Sequences the engine runs at once (the flow-control window it advertises)."""
+    max_new_tokens: int
+    max_context: int
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    weight_version: WeightVersion
+    running: int
+    queued: int
+    tokens_per_s: float
+    weight_updates: int
+    failed_weight_updates: int
+    engine: str
+    model: str
+
+
+class InferenceBackend(Protocol):
+    """An engine as the servicer sees it."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
+        """Updates until the final one. Raises InvalidArgument (before any update) for a bad request."""
+        ...
+
+    def status(self) -> EngineStatus: ...

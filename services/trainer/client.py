@@ -1,0 +1,57 @@
+"""Typed asyncio client of the trainer, used by the coordinator, the inference servers and tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+
+from pipelinerl.common import convert
+from pipelinerl.common.channel import ChannelConfig, ServiceClient
+from pipelinerl.common.status import domain_errors
+from pipelinerl.common.types import Sample, WeightVersion
+from pipelinerl.common.weights import WeightChunk, WeightNotice
+from pipelinerl.trainer.convert import ack_from_proto, notice_from_proto, status_from_proto
+from pipelinerl.trainer.types import Receiver, SampleAck, TrainerStatus
+from pipelinerl.trainer.v1 import trainer_pb2 as pb
+from pipelinerl.trainer.v1 import trainer_pb2_grpc
+
+
+class TrainerClient(ServiceClient):
+    """Raises `pipelinerl.common.errors.*` for failed calls (field violations included)."""
+
+    def __init__(self, config: ChannelConfig | str) -> None:
+        super().__init__(config)
+        self._stub = trainer_pb2_grpc.TrainerServiceStub(self._channel)
+
+    async def submit(self, batches: AsyncIterable[Sequence[Sample]]) -> AsyncIterator[SampleAck]:
+        """Send batches of samples; yields every ack until all accepted samples have a final one."""
+
+        async def requests() -> AsyncIterator[pb.SubmitSamplesRequest]:
+            async for batch in batches:
+                yield pb.SubmitSamplesRequest(samples=[convert.sample_to_proto(s) for s in batch])
+
+        with domain_errors():
+            async for response in self._stub.SubmitSamples(requests()):
+                for ack in response.acks:
+                    yield ack_from_proto(ack)
+
+    async def watch_weights(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+        request = pb.WatchWeightsRequest(
+            receiver_id=receiver.receiver_id,
+            current_version=receiver.current_version,
+            accepts_broadcast=receiver.accepts_broadcast,
+        )
+        with domain_errors():
+            async for notice in self._stub.WatchWeights(request):
+                yield notice_from_proto(notice)
+
+    async def fetch_weights(
+        self, version: WeightVersion, buckets: Sequence[int] = (), timeout_s: float | None = None
+    ) -> AsyncIterator[WeightChunk]:
+        request = pb.FetchWeightsRequest(version=convert.version_to_proto(version), buckets=buckets)
+        with domain_errors():
+            async for response in self._stub.FetchWeights(request, timeout=timeout_s):
+                yield convert.chunk_from_proto(response.chunk)
+
+    async def status(self, timeout_s: float | None = None) -> TrainerStatus:
+        with domain_errors():
+            return status_from_proto(await self._stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s))

@@ -1,0 +1,86 @@
+"""Trainer messages <-> trainer domain types, both directions (servicer and client)."""
+
+from __future__ import annotations
+
+from pipelinerl.common import convert
+from pipelinerl.common.status import info_from_status, status_proto
+from pipelinerl.common.weights import Rendezvous, WeightNotice
+from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+from pipelinerl.trainer.v1 import trainer_pb2 as pb
+
+_DISPOSITIONS = {
+    Disposition.ACCEPTED: pb.DISPOSITION_ACCEPTED,
+    Disposition.TRAINED: pb.DISPOSITION_TRAINED,
+    Disposition.DUPLICATE: pb.DISPOSITION_DUPLICATE,
+    Disposition.DROPPED: pb.DISPOSITION_DROPPED,
+    Disposition.REJECTED: pb.DISPOSITION_REJECTED,
+}
+_DISPOSITION_NAMES = {v: k for k, v in _DISPOSITIONS.items()}
+
+
+def ack_to_proto(ack: SampleAck) -> pb.SampleAck:
+    msg = pb.SampleAck(
+        sample_id=ack.sample_id, disposition=_DISPOSITIONS[ack.disposition], version=ack.version
+    )
+    if ack.error is not None:
+        msg.error.CopyFrom(status_proto(ack.error))
+    return msg
+
+
+def ack_from_proto(msg: pb.SampleAck) -> SampleAck:
+    error = info_from_status(msg.error) if msg.HasField("error") else None
+    return SampleAck(msg.sample_id, _DISPOSITION_NAMES[msg.disposition], msg.version, error)
+
+
+def notice_to_proto(notice: WeightNotice) -> pb.WatchWeightsResponse:
+    msg = pb.WatchWeightsResponse(
+        version=convert.version_to_proto(notice.version), layout=convert.layout_to_proto(notice.layout)
+    )
+    if notice.broadcast is not None:
+        r = notice.broadcast
+        msg.broadcast.CopyFrom(
+            pb.BroadcastRendezvous(
+                backend=r.backend,
+                host=r.host,
+                port=r.port,
+                group_name=r.group_name,
+                world_size=r.world_size,
+                rank=r.rank,
+                timeout_ms=r.timeout_ms,
+            )
+        )
+    return msg
+
+
+def notice_from_proto(msg: pb.WatchWeightsResponse) -> WeightNotice:
+    broadcast = None
+    if msg.HasField("broadcast"):
+        r = msg.broadcast
+        broadcast = Rendezvous(r.backend, r.host, r.port, r.group_name, r.world_size, r.rank, r.timeout_ms)
+    return WeightNotice(
+        convert.version_from_proto(msg.version), convert.layout_from_proto(msg.layout), broadcast
+    )
+
+
+def status_to_proto(s: TrainerStatus) -> pb.GetStatusResponse:
+    return pb.GetStatusResponse(
+        version=convert.version_to_proto(s.version),
+        buffered_samples=s.buffered_samples,
+        trained_samples=s.trained_samples,
+        dropped_samples=s.dropped_samples,
+        rejected_samples=s.rejected_samples,
+        tokens_per_s=s.tokens_per_s,
+        watchers=s.watchers,
+    )
+
+
+def status_from_proto(msg: pb.GetStatusResponse) -> TrainerStatus:
+    return TrainerStatus(
+        version=convert.version_from_proto(msg.version),
+        buffered_samples=msg.buffered_samples,
+        trained_samples=msg.trained_samples,
+        dropped_samples=msg.dropped_samples,
+        rejected_samples=msg.rejected_samples,
+        tokens_per_s=msg.tokens_per_s,
+        watchers=msg.watchers,
+    )

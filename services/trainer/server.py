@@ -1,0 +1,105 @@
+"""gRPC servicer of the trainer: proto <-> domain conversion around a `TrainerCore`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pipelinerl.common import convert
+from pipelinerl.common.errors import ErrorInfo, InvalidArgument
+from pipelinerl.common.server import Registration
+from pipelinerl.common.types import Sample
+from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_proto
+from pipelinerl.trainer.types import Disposition, Receiver, SampleAck, TrainerCore
+from pipelinerl.trainer.v1 import trainer_pb2 as pb
+from pipelinerl.trainer.v1 import trainer_pb2_grpc
+
+MAX_SAMPLES_PER_MESSAGE = 4096
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, core: TrainerCore) -> None:
+        self._core = core
+
+    async def SubmitSamples(
+        self, request_iterator: AsyncIterator[pb.SubmitSamplesRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SubmitSamplesResponse]:
+        # The stream stays open after the client half-closes until every accepted sample has its
+        # final ack, so a client can send, close, and read acks to the end.
+        acks: asyncio.Queue[SampleAck | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_samples(request_iterator, acks))
+        pending: set[str] = set()
+        reading = True
+        try:
+            while reading or pending:
+                batch = [await acks.get()]
+                while not acks.empty():
+                    batch.append(acks.get_nowait())
+                out = []
+                for ack in batch:
+                    if ack is None:
+                        reading = False
+                        await asyncio.wait([reader])
+                        reader.result()  # re-raises a malformed-request error of the reader
+                        continue
+                    if ack.disposition is Disposition.ACCEPTED:
+                        pending.add(ack.sample_id)
+                    else:
+                        pending.discard(ack.sample_id)
+                    out.append(ack_to_proto(ack))
+                if out:
+                    yield pb.SubmitSamplesResponse(acks=out)
+        finally:
+            reader.cancel()
+
+    async def _read_samples(
+        self, request_iterator: AsyncIterator[pb.SubmitSamplesRequest], acks: asyncio.Queue[SampleAck | None]
+    ) -> None:
+        try:
+            async for request in request_iterator:
+                if len(request.samples) > MAX_SAMPLES_PER_MESSAGE:
+                    raise InvalidArgument.field("samples", f"at most {MAX_SAMPLES_PER_MESSAGE} per message")
+                valid: list[Sample] = []
+                for i, msg in enumerate(request.samples):
+                    try:
+                        valid.append(convert.sample_from_proto(msg, f"samples[{i}]"))
+                    except InvalidArgument as exc:
+                        acks.put_nowait(
+                            SampleAck(msg.sample_id, Disposition.REJECTED, -1, ErrorInfo.from_exception(exc))
+                        )
+                if valid:
+                    await self._core.admit(valid, acks.put_nowait)
+        finally:
+            acks.put_nowait(None)
+
+    async def WatchWeights(
+        self, request: pb.WatchWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchWeightsResponse]:
+        if not request.receiver_id:
+            raise InvalidArgument.field("receiver_id", "must not be empty")
+        receiver = Receiver(request.receiver_id, request.current_version, request.accepts_broadcast)
+        async for notice in self._core.watch(receiver):
+            yield notice_to_proto(notice)
+
+    async def FetchWeights(
+        self, request: pb.FetchWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FetchWeightsResponse]:
+        if request.version.version < 0:
+            raise InvalidArgument.field("version.version", "must be >= 0")
+        version = convert.version_from_proto(request.version)
+        async for chunk in self._core.fetch(version, list(request.buckets)):
+            yield pb.FetchWeightsResponse(chunk=convert.chunk_to_proto(chunk))
+
+    async def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatusResponse:
+        return status_to_proto(self._core.status())
+
+
+def registration(core: TrainerCore) -> Registration:
+    return Registration(
+        pb.DESCRIPTOR.services_by_name["TrainerService"].full_name,
+        lambda server: trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(core), server),
+    )

@@ -1,0 +1,73 @@
+"""What the trainer servicer needs from the trainer core, free of protobuf and grpc."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipelinerl.common.errors import ErrorInfo
+from pipelinerl.common.types import Sample, WeightVersion
+from pipelinerl.common.weights import WeightChunk, WeightNotice
+
+
+class Disposition(enum.Enum):
+    ACCEPTED = "accepted"
+    """In the training buffer; a final ack follows."""
+    TRAINED = "trained"
+    DUPLICATE = "duplicate"
+    DROPPED = "dropped"
+    REJECTED = "rejected"
+
+    @property
+    def final(self) -> bool:
+        return self is not Disposition.ACCEPTED
+
+
+@dataclass(frozen=True)
+class SampleAck:
+    sample_id: str
+    disposition: Disposition
+    version: int
+    """For TRAINED, the version the step produced; otherwise the trainer's version at the time."""
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """An inference server watching weight versions."""
+
+    receiver_id: str
+    current_version: int
+    accepts_broadcast: bool
+
+
+@dataclass(frozen=True)
+class TrainerStatus:
+    version: WeightVersion
+    buffered_samples: int
+    trained_samples: int
+    dropped_samples: int
+    rejected_samples: int
+    tokens_per_s: float
+    watchers: int
+
+
+class TrainerCore(Protocol):
+    """The trainer as the servicer sees it."""
+
+    async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
+        """Take samples in. `on_ack` is called for every ack of these samples, now and later
+        (ACCEPTED, then TRAINED or DROPPED; or DUPLICATE at once). May block: that is backpressure."""
+        ...
+
+    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+        """The current version at once, then every new one."""
+        ...
+
+    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
+        """Chunks of the given buckets (all if empty); FailedPrecondition if the version is gone."""
+        ...
+
+    def status(self) -> TrainerStatus: ...

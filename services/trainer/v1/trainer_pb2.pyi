@@ -1,0 +1,123 @@
+from google.rpc import status_pb2 as _status_pb2
+from pipelinerl.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Disposition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DISPOSITION_UNSPECIFIED: _ClassVar[Disposition]
+    DISPOSITION_ACCEPTED: _ClassVar[Disposition]
+    DISPOSITION_TRAINED: _ClassVar[Disposition]
+    DISPOSITION_DUPLICATE: _ClassVar[Disposition]
+    DISPOSITION_DROPPED: _ClassVar[Disposition]
+    DISPOSITION_REJECTED: _ClassVar[Disposition]
+DISPOSITION_UNSPECIFIED: Disposition
+DISPOSITION_ACCEPTED: Disposition
+DISPOSITION_TRAINED: Disposition
+DISPOSITION_DUPLICATE: Disposition
+DISPOSITION_DROPPED: Disposition
+DISPOSITION_REJECTED: Disposition
+
+class SubmitSamplesRequest(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.Sample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.Sample, _Mapping]]] = ...) -> None: ...
+
+class SampleAck(_message.Message):
+    __slots__ = ("sample_id", "disposition", "version", "error")
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sample_id: str
+    disposition: Disposition
+    version: int
+    error: _status_pb2.Status
+    def __init__(self, sample_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., version: _Optional[int] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class SubmitSamplesResponse(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[SampleAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ...) -> None: ...
+
+class WatchWeightsRequest(_message.Message):
+    __slots__ = ("receiver_id", "current_version", "accepts_broadcast")
+    RECEIVER_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    receiver_id: str
+    current_version: int
+    accepts_broadcast: bool
+    def __init__(self, receiver_id: _Optional[str] = ..., current_version: _Optional[int] = ..., accepts_broadcast: _Optional[bool] = ...) -> None: ...
+
+class WatchWeightsResponse(_message.Message):
+    __slots__ = ("version", "layout", "broadcast")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    version: _common_pb2.WeightVersion
+    layout: _common_pb2.WeightLayout
+    broadcast: BroadcastRendezvous
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.WeightLayout, _Mapping]] = ..., broadcast: _Optional[_Union[BroadcastRendezvous, _Mapping]] = ...) -> None: ...
+
+class BroadcastRendezvous(_message.Message):
+    __slots__ = ("backend", "host", "port", "group_name", "world_size", "rank", "timeout_ms")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    host: str
+    port: int
+    group_name: str
+    world_size: int
+    rank: int
+    timeout_ms: int
+    def __init__(self, backend: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., group_name: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class FetchWeightsRequest(_message.Message):
+    __slots__ = ("version", "buckets")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    version: _common_pb2.WeightVersion
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FetchWeightsResponse(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: _common_pb2.TensorChunk
+    def __init__(self, chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("version", "buffered_samples", "trained_samples", "dropped_samples", "rejected_samples", "tokens_per_s", "watchers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    version: _common_pb2.WeightVersion
+    buffered_samples: int
+    trained_samples: int
+    dropped_samples: int
+    rejected_samples: int
+    tokens_per_s: float
+    watchers: int
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buffered_samples: _Optional[int] = ..., trained_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., rejected_samples: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., watchers: _Optional[int] = ...) -> None: ...

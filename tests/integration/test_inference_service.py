@@ -1,0 +1,81 @@
+"""The Generate stream over gRPC with a fake engine: flow control, per-request errors, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.types import FinishReason, SamplingParams
+from pipelinerl.inference import server as inference_server
+from pipelinerl.inference.client import InferenceClient
+from pipelinerl.inference.types import GenerationRequest
+from pipelinerl.inference.v1 import inference_pb2 as pb
+from pipelinerl.inference.v1 import inference_pb2_grpc
+from tests.fakes import FakeBackend
+
+
+@pytest.fixture
+async def backend_address(start_server):
+    backend = FakeBackend(step_s=0.005)
+    address = await start_server(inference_server.registration(inference_server.InferenceServicer(backend)))
+    return backend, address
+
+
+async def test_many_requests_never_exceed_the_advertised_window(backend_address) -> None:
+    backend, address = backend_address
+    async with InferenceClient(address) as client, client.session() as session:
+        assert session.window == FakeBackend.limits.max_running
+        requests = [GenerationRequest(f"r{i}", [i], SamplingParams(max_new_tokens=5)) for i in range(12)]
+        completions = await asyncio.gather(*(session.generate(r) for r in requests))
+    assert backend.peak_running == FakeBackend.limits.max_running
+    for i, c in enumerate(completions):
+        assert c.tokens.token_ids == [(i + k) % 100 for k in range(1, 6)]
+        assert c.finish_reason is FinishReason.LENGTH and c.prompt_token_ids == [i]
+
+
+async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -> None:
+    _, address = backend_address
+    async with InferenceClient(address) as client, client.session() as session:
+        good = asyncio.create_task(session.generate(GenerationRequest("ok", [1], SamplingParams(max_new_tokens=8))))
+        with pytest.raises(InvalidArgument) as exc:
+            await session.generate(GenerationRequest("bad", [1], SamplingParams(max_new_tokens=0)))
+        assert exc.value.violations[0].field == "submit.sampling.max_new_tokens"
+        with pytest.raises(InvalidArgument) as exc:
+            await session.generate(GenerationRequest("long", [1], SamplingParams(max_new_tokens=500)))
+        assert exc.value.violations[0].field == "submit.sampling.max_new_tokens"
+        assert len((await good).tokens) == 8
+
+
+async def test_cancel_aborts_on_the_engine_and_over_capacity_is_refused(backend_address) -> None:
+    backend, address = backend_address
+    async with InferenceClient(address) as client, client.session() as session:
+        task = asyncio.create_task(session.generate(GenerationRequest("c", [1], SamplingParams(max_new_tokens=30))))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if backend.aborted:
+                break
+            await asyncio.sleep(0.01)
+        assert backend.aborted == ["c"]
+
+    # A raw client that ignores the window gets RESOURCE_EXHAUSTED for the extra request only.
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = inference_pb2_grpc.InferenceServiceStub(channel).Generate()
+        capacity = await call.read()
+        window = capacity.capacity.max_in_flight
+        for i in range(window + 1):
+            submit = pb.Submission(request_id=f"r{i}", prompt_token_ids=[1])
+            submit.sampling.max_new_tokens = 3
+            await call.write(pb.GenerateRequest(submit=submit))
+        await call.done_writing()
+        events = []
+        while (event := await call.read()) is not grpc.aio.EOF:
+            events.append(event)
+    errors = [e.error for e in events if e.WhichOneof("event") == "error"]
+    assert [(e.request_id, e.status.code) for e in errors] == [(f"r{window}", grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])]
+    assert sum(e.WhichOneof("event") == "completion" for e in events) == window
