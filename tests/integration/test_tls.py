@@ -1,0 +1,42 @@
+"""TLS: a server with a certificate is reachable only by clients that verify it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.common.channel import ChannelConfig
+from pipelinerl.common.errors import PipelineError
+from pipelinerl.reward import server as reward_server
+from pipelinerl.reward.client import RewardClient
+from tests.fakes import FakeReward
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_tls_server_accepts_verifying_clients_only(start_server, certificate) -> None:
+    cert, key = certificate
+    address = await start_server(
+        reward_server.registration(FakeReward()), tls_cert_file=cert, tls_key_file=key
+    )
+    async with RewardClient(ChannelConfig(address, tls_ca_file=cert)) as client:
+        assert [v.name for v in await client.list_verifiers()] == ["exact"]
+    async with RewardClient(ChannelConfig(address, max_attempts=1)) as plaintext:
+        with pytest.raises(PipelineError) as exc:
+            await plaintext.list_verifiers(timeout_s=3)
+        assert exc.value.code == "UNAVAILABLE"
