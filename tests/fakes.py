@@ -20,7 +20,14 @@ from pipelinerl.common.weights import (
 )
 from pipelinerl.coordinator.types import Progress, RunInfo, RunSpec, RunState
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
-from pipelinerl.reward.types import ScoreItem, ScoreResult, VerifierDetail, VerifierInfo
+from pipelinerl.reward.types import (
+    ScoreItem,
+    ScoreResult,
+    ScorerStats,
+    VerifierDetail,
+    VerifierInfo,
+    check_batch,
+)
 from pipelinerl.trainer.types import Disposition, Receiver, SampleAck, TrainerStatus
 
 
@@ -31,6 +38,7 @@ class FakeReward:
         self.delay_s = delay_s
 
     async def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        check_batch(items)
         await asyncio.sleep(self.delay_s)
         results = []
         for item in items:
@@ -40,6 +48,10 @@ class FakeReward:
 
     def list_verifiers(self) -> list[VerifierInfo]:
         return [VerifierInfo("exact", "completion equals the answer")]
+
+    @property
+    def stats(self) -> ScorerStats:
+        return ScorerStats(0, 0, 0, 0, 0, workers=1)
 
 
 class FakeBackend:
@@ -58,7 +70,9 @@ class FakeBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
         if request.sampling.max_new_tokens > self.limits.max_new_tokens:
-            raise InvalidArgument.field("submit.sampling.max_new_tokens", f"over {self.limits.max_new_tokens}")
+            raise InvalidArgument.field(
+                "submit.sampling.max_new_tokens", f"over {self.limits.max_new_tokens}"
+            )
         last = request.prompt_token_ids[-1]
         self.running += 1
         self.peak_running = max(self.peak_running, self.running)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.status import domain_errors
-from pipelinerl.reward.convert import item_to_proto, result_from_proto, verifier_from_proto
-from pipelinerl.reward.types import ScoreItem, ScoreResult, VerifierInfo
+from pipelinerl.reward.convert import item_to_proto, result_from_proto, stats_from_proto, verifier_from_proto
+from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierInfo
 from pipelinerl.reward.v1 import reward_pb2 as pb
 from pipelinerl.reward.v1 import reward_pb2_grpc
 
@@ -28,3 +28,7 @@ class RewardClient(ServiceClient):
         with domain_errors():
             response = await self._stub.ListVerifiers(pb.ListVerifiersRequest(), timeout=timeout_s)
         return [verifier_from_proto(v) for v in response.verifiers]
+
+    async def status(self, timeout_s: float | None = None) -> ScorerStats:
+        with domain_errors():
+            return stats_from_proto(await self._stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, fields
+
 from pipelinerl.common.status import info_from_status, ok_status, status_proto
-from pipelinerl.reward.types import ScoreItem, ScoreResult, VerifierDetail, VerifierInfo
+from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierDetail, VerifierInfo
 from pipelinerl.reward.v1 import reward_pb2 as pb
 
 
@@ -49,3 +51,11 @@ def verifier_to_proto(info: VerifierInfo) -> pb.VerifierInfo:
 
 def verifier_from_proto(msg: pb.VerifierInfo) -> VerifierInfo:
     return VerifierInfo(msg.name, msg.description)
+
+
+def stats_to_proto(stats: ScorerStats) -> pb.GetStatusResponse:
+    return pb.GetStatusResponse(**asdict(stats))
+
+
+def stats_from_proto(msg: pb.GetStatusResponse) -> ScorerStats:
+    return ScorerStats(**{f.name: getattr(msg, f.name) for f in fields(ScorerStats)})

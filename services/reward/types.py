@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pipelinerl.common.errors import ErrorInfo, PipelineError
+from pipelinerl.common.errors import ErrorInfo, InvalidArgument, PipelineError
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,36 @@ class VerifierInfo:
     description: str
 
 
+@dataclass(frozen=True)
+class ScorerStats:
+    """Items by outcome, and worker processes replaced, since the scorer started."""
+
+    scored: int
+    invalid: int
+    timed_out: int
+    failed: int
+    worker_restarts: int
+    workers: int
+
+
+MAX_BATCH_ITEMS = 4096
+
+
+def check_batch(items: list[ScoreItem]) -> None:
+    """Raise InvalidArgument if the batch itself is malformed (empty, too large, repeated ids)."""
+    if not items:
+        raise InvalidArgument.field("items", "is empty")
+    if len(items) > MAX_BATCH_ITEMS:
+        raise InvalidArgument.field("items", f"has {len(items)} items; at most {MAX_BATCH_ITEMS} per call")
+    first_index: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.sample_id and first_index.setdefault(item.sample_id, index) != index:
+            raise InvalidArgument.field(
+                f"items[{index}].sample_id",
+                f"{item.sample_id!r} repeats items[{first_index[item.sample_id]}].sample_id",
+            )
+
+
 class RewardCore(Protocol):
     """The scorer as the servicer sees it."""
 
@@ -71,3 +101,6 @@ class RewardCore(Protocol):
         ...
 
     def list_verifiers(self) -> list[VerifierInfo]: ...
+
+    @property
+    def stats(self) -> ScorerStats: ...

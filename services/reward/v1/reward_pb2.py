@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pipelinerl/reward/v1/reward.proto\x12\x14pipelinerl.reward.v1\x1a\x17google/rpc/status.proto\"d\n\tScoreItem\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x04 \x01(\t\x12\x10\n\x08verifier\x18\x05 \x01(\t\">\n\x0cScoreRequest\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.pipelinerl.reward.v1.ScoreItem\"R\n\x0eVerifierDetail\x12\x10\n\x08verifier\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x8b\x01\n\x0bScoreResult\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x35\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32$.pipelinerl.reward.v1.VerifierDetail\x12\"\n\x06status\x18\x04 \x01(\x0b\x32\x12.google.rpc.Status\"C\n\rScoreResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.pipelinerl.reward.v1.ScoreResult\"\x16\n\x14ListVerifiersRequest\"1\n\x0cVerifierInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"N\n\x15ListVerifiersResponse\x12\x35\n\tverifiers\x18\x01 \x03(\x0b\x32\".pipelinerl.reward.v1.VerifierInfo2\xcb\x01\n\rRewardService\x12P\n\x05Score\x12\".pipelinerl.reward.v1.ScoreRequest\x1a#.pipelinerl.reward.v1.ScoreResponse\x12h\n\rListVerifiers\x12*.pipelinerl.reward.v1.ListVerifiersRequest\x1a+.pipelinerl.reward.v1.ListVerifiersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pipelinerl/reward/v1/reward.proto\x12\x14pipelinerl.reward.v1\x1a\x17google/rpc/status.proto\"d\n\tScoreItem\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x04 \x01(\t\x12\x10\n\x08verifier\x18\x05 \x01(\t\">\n\x0cScoreRequest\x12.\n\x05items\x18\x01 \x03(\x0b\x32\x1f.pipelinerl.reward.v1.ScoreItem\"R\n\x0eVerifierDetail\x12\x10\n\x08verifier\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x8b\x01\n\x0bScoreResult\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x35\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32$.pipelinerl.reward.v1.VerifierDetail\x12\"\n\x06status\x18\x04 \x01(\x0b\x32\x12.google.rpc.Status\"C\n\rScoreResponse\x12\x32\n\x07results\x18\x01 \x03(\x0b\x32!.pipelinerl.reward.v1.ScoreResult\"\x16\n\x14ListVerifiersRequest\"1\n\x0cVerifierInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"N\n\x15ListVerifiersResponse\x12\x35\n\tverifiers\x18\x01 \x03(\x0b\x32\".pipelinerl.reward.v1.VerifierInfo\"\x12\n\x10GetStatusRequest\"\x81\x01\n\x11GetStatusResponse\x12\x0e\n\x06scored\x18\x01 \x01(\x03\x12\x0f\n\x07invalid\x18\x02 \x01(\x03\x12\x11\n\ttimed_out\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12\x17\n\x0fworker_restarts\x18\x05 \x01(\x03\x12\x0f\n\x07workers\x18\x06 \x01(\x05\x32\xa9\x02\n\rRewardService\x12P\n\x05Score\x12\".pipelinerl.reward.v1.ScoreRequest\x1a#.pipelinerl.reward.v1.ScoreResponse\x12h\n\rListVerifiers\x12*.pipelinerl.reward.v1.ListVerifiersRequest\x1a+.pipelinerl.reward.v1.ListVerifiersResponse\x12\\\n\tGetStatus\x12&.pipelinerl.reward.v1.GetStatusRequest\x1a\'.pipelinerl.reward.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,6 +48,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFIERINFO']._serialized_end=618
   _globals['_LISTVERIFIERSRESPONSE']._serialized_start=620
   _globals['_LISTVERIFIERSRESPONSE']._serialized_end=698
-  _globals['_REWARDSERVICE']._serialized_start=701
-  _globals['_REWARDSERVICE']._serialized_end=904
+  _globals['_GETSTATUSREQUEST']._serialized_start=700
+  _globals['_GETSTATUSREQUEST']._serialized_end=718
+  _globals['_GETSTATUSRESPONSE']._serialized_start=721
+  _globals['_GETSTATUSRESPONSE']._serialized_end=850
+  _globals['_REWARDSERVICE']._serialized_start=853
+  _globals['_REWARDSERVICE']._serialized_end=1150
 # @@protoc_insertion_point(module_scope)

@@ -74,3 +74,23 @@ class ListVerifiersResponse(_message.Message):
     VERIFIERS_FIELD_NUMBER: _ClassVar[int]
     verifiers: _containers.RepeatedCompositeFieldContainer[VerifierInfo]
     def __init__(self, verifiers: _Optional[_Iterable[_Union[VerifierInfo, _Mapping]]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("scored", "invalid", "timed_out", "failed", "worker_restarts", "workers")
+    SCORED_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    scored: int
+    invalid: int
+    timed_out: int
+    failed: int
+    worker_restarts: int
+    workers: int
+    def __init__(self, scored: _Optional[int] = ..., invalid: _Optional[int] = ..., timed_out: _Optional[int] = ..., failed: _Optional[int] = ..., worker_restarts: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,11 @@ class RewardServiceStub:
                 request_serializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersRequest.SerializeToString,
                 response_deserializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/pipelinerl.reward.v1.RewardService/GetStatus',
+                request_serializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -67,6 +72,13 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """Counters since start: how many items were scored, rejected, timed out or failed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +91,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.ListVerifiers,
                     request_deserializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersRequest.FromString,
                     response_serializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusRequest.FromString,
+                    response_serializer=pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +153,33 @@ class RewardService:
             '/pipelinerl.reward.v1.RewardService/ListVerifiers',
             pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersRequest.SerializeToString,
             pipelinerl_dot_reward_dot_v1_dot_reward__pb2.ListVerifiersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pipelinerl.reward.v1.RewardService/GetStatus',
+            pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusRequest.SerializeToString,
+            pipelinerl_dot_reward_dot_v1_dot_reward__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
