@@ -18,7 +18,9 @@ async def start_server() -> AsyncIterator[Callable[..., object]]:
     servers: list[GrpcServer] = []
 
     async def start(registration: Registration, **settings: object) -> str:
-        server = GrpcServer(ServiceSettings(host="127.0.0.1", port=0, drain_seconds=1, **settings), [registration])
+        server = GrpcServer(
+            ServiceSettings(host="127.0.0.1", port=0, drain_seconds=1, **settings), [registration]
+        )
         await server.start()
         servers.append(server)
         return server.address

@@ -39,7 +39,9 @@ async def test_many_requests_never_exceed_the_advertised_window(backend_address)
 async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -> None:
     _, address = backend_address
     async with InferenceClient(address) as client, client.session() as session:
-        good = asyncio.create_task(session.generate(GenerationRequest("ok", [1], SamplingParams(max_new_tokens=8))))
+        good = asyncio.create_task(
+            session.generate(GenerationRequest("ok", [1], SamplingParams(max_new_tokens=8)))
+        )
         with pytest.raises(InvalidArgument) as exc:
             await session.generate(GenerationRequest("bad", [1], SamplingParams(max_new_tokens=0)))
         assert exc.value.violations[0].field == "submit.sampling.max_new_tokens"
@@ -52,7 +54,9 @@ async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -
 async def test_cancel_aborts_on_the_engine_and_over_capacity_is_refused(backend_address) -> None:
     backend, address = backend_address
     async with InferenceClient(address) as client, client.session() as session:
-        task = asyncio.create_task(session.generate(GenerationRequest("c", [1], SamplingParams(max_new_tokens=30))))
+        task = asyncio.create_task(
+            session.generate(GenerationRequest("c", [1], SamplingParams(max_new_tokens=30)))
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -77,5 +81,7 @@ async def test_cancel_aborts_on_the_engine_and_over_capacity_is_refused(backend_
         while (event := await call.read()) is not grpc.aio.EOF:
             events.append(event)
     errors = [e.error for e in events if e.WhichOneof("event") == "error"]
-    assert [(e.request_id, e.status.code) for e in errors] == [(f"r{window}", grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])]
+    assert [(e.request_id, e.status.code) for e in errors] == [
+        (f"r{window}", grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    ]
     assert sum(e.WhichOneof("event") == "completion" for e in events) == window

@@ -29,7 +29,9 @@ REGISTRATIONS = {
     "pipelinerl.inference.v1.InferenceService": lambda: inference_server.registration(
         inference_server.InferenceServicer(FakeBackend())
     ),
-    "pipelinerl.coordinator.v1.CoordinatorService": lambda: coordinator_server.registration(FakeCoordinator()),
+    "pipelinerl.coordinator.v1.CoordinatorService": lambda: coordinator_server.registration(
+        FakeCoordinator()
+    ),
 }
 
 
