@@ -12,6 +12,7 @@ from pipelinerl.common.weights import (
     BucketSpec,
     Checksum,
     ChecksumAlgorithm,
+    Receiver,
     TensorSpec,
     WeightChunk,
     WeightLayout,
@@ -28,7 +29,7 @@ from pipelinerl.reward.types import (
     VerifierInfo,
     check_batch,
 )
-from pipelinerl.trainer.types import Disposition, Receiver, SampleAck, TrainerStatus
+from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
 
 
 class FakeReward:

@@ -76,6 +76,15 @@ class Rendezvous:
 
 
 @dataclass(frozen=True)
+class Receiver:
+    """An inference server watching weight versions."""
+
+    receiver_id: str
+    current_version: int
+    accepts_broadcast: bool
+
+
+@dataclass(frozen=True)
 class WeightNotice:
     """A new version is ready; receive it by broadcast (if `broadcast` is set) or by fetching."""
 

@@ -11,8 +11,9 @@ from pipelinerl.common import convert
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument
 from pipelinerl.common.server import Registration
 from pipelinerl.common.types import Sample
+from pipelinerl.common.weights import Receiver
 from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_proto
-from pipelinerl.trainer.types import Disposition, Receiver, SampleAck, TrainerCore
+from pipelinerl.trainer.types import Disposition, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
 

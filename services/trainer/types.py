@@ -9,7 +9,7 @@ from typing import Protocol
 
 from pipelinerl.common.errors import ErrorInfo
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.common.weights import WeightChunk, WeightNotice
+from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 
 
 class Disposition(enum.Enum):
@@ -32,15 +32,6 @@ class SampleAck:
     version: int
     """For TRAINED, the version the step produced; otherwise the trainer's version at the time."""
     error: ErrorInfo | None = None
-
-
-@dataclass(frozen=True)
-class Receiver:
-    """An inference server watching weight versions."""
-
-    receiver_id: str
-    current_version: int
-    accepts_broadcast: bool
 
 
 @dataclass(frozen=True)

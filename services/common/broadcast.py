@@ -1,0 +1,70 @@
+"""Broadcast groups of their own, one per membership, outside torch.distributed's global world.
+
+Inference servers come and go while the trainer runs, so the trainer cannot hold one fixed
+`init_process_group` world. Like vLLM's stateless process group, each membership (the set of
+receivers present when a version is published) gets a process group object built directly on a
+`PrefixStore(group_name, TCPStore)`; the trainer hosts the TCPStore and is rank 0. A new membership
+means a new group name and a new rendezvous; the old group is dropped.
+
+Blocking calls (rendezvous, broadcast) run in worker threads; gloo and NCCL release the GIL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipelinerl.common.weights import Rendezvous
+
+
+def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> dist.TCPStore:
+    """The trainer's store (`is_master`, port 0 picks a free one) or a receiver's client of it."""
+    return dist.TCPStore(
+        host, port, is_master=is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+class BroadcastGroup:
+    """One membership's process group: rank 0 (the trainer) sends, every other rank receives."""
+
+    def __init__(self, store: dist.Store, rendezvous: Rendezvous) -> None:
+        self.name = rendezvous.group_name
+        self.rank = rendezvous.rank
+        self.world_size = rendezvous.world_size
+        self.backend = rendezvous.backend
+        timeout = timedelta(milliseconds=rendezvous.timeout_ms)
+        prefixed = dist.PrefixStore(self.name, store)
+        # The constructor is itself the rendezvous: it returns once every rank has joined.
+        if self.backend == "gloo":
+            self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
+        elif self.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._group = dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size, options)
+        else:
+            raise ValueError(f"unknown broadcast backend {self.backend!r}; use gloo or nccl")
+
+    @property
+    def device(self) -> torch.device:
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Send (rank 0) or receive (other ranks) `tensor` in place; raises on timeout or a lost peer."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        self._group.broadcast([tensor], options).wait()
+        if self.backend == "nccl":
+            torch.cuda.current_stream().synchronize()
+
+
+def join(rendezvous: Rendezvous) -> BroadcastGroup:
+    """A receiver joins the group a weight notice names."""
+    timeout_s = rendezvous.timeout_ms / 1000
+    return BroadcastGroup(tcp_store(rendezvous.host, rendezvous.port, False, timeout_s), rendezvous)

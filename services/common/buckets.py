@@ -1,0 +1,91 @@
+"""Flatten a model's tensors into a few large byte buckets, checksum them, and view them back.
+
+    named tensors ──plan_layout──► WeightLayout (names, shapes, dtypes, bucket, offset)
+                  ──pack────────► [uint8 bucket 0, bucket 1, ...] + CRC-32 per bucket
+    bucket bytes  ──verify──► ──tensors_of──► {name: tensor view into the bucket}
+
+Weights move as a handful of large buffers rather than one message per parameter: one broadcast
+or one chunk stream per bucket, and one checksum per bucket checked before any tensor is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from pipelinerl.common.errors import FailedPrecondition
+from pipelinerl.common.weights import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout, crc32
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ALIGN = 64  # keeps every tensor view aligned for vectorised copies
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported weight dtype {dtype}; use float32, float16 or bfloat16")
+    return name
+
+
+def plan_layout(
+    tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> WeightLayout:
+    """Assign tensors to buckets in order, starting a new bucket when the current one is full.
+    A tensor larger than `bucket_bytes` gets a bucket of its own. Checksums are left empty."""
+    specs: list[TensorSpec] = []
+    sizes: list[int] = [0]
+    for name, tensor in tensors:
+        num_bytes = tensor.numel() * tensor.element_size()
+        offset = -(-sizes[-1] // _ALIGN) * _ALIGN
+        if sizes[-1] > 0 and offset + num_bytes > bucket_bytes:
+            sizes.append(0)
+            offset = 0
+        specs.append(
+            TensorSpec(name, tuple(tensor.shape), dtype_name(tensor.dtype), len(sizes) - 1, offset, num_bytes)
+        )
+        sizes[-1] = offset + num_bytes
+    empty = Checksum(ChecksumAlgorithm.CRC32, b"")
+    return WeightLayout(tuple(specs), tuple(BucketSpec(i, n, empty) for i, n in enumerate(sizes)))
+
+
+def pack(
+    tensors: Mapping[str, torch.Tensor], layout: WeightLayout
+) -> tuple[list[torch.Tensor], WeightLayout]:
+    """Copy tensors into CPU uint8 buckets; returns the buckets and the layout with their checksums."""
+    buckets = [torch.empty(b.num_bytes, dtype=torch.uint8) for b in layout.buckets]
+    for spec in layout.tensors:
+        src = tensors[spec.name].detach().to("cpu", _DTYPES[spec.dtype]).contiguous()
+        buckets[spec.bucket][spec.offset : spec.offset + spec.num_bytes].copy_(src.view(-1).view(torch.uint8))
+    specs = tuple(
+        BucketSpec(b.index, b.num_bytes, Checksum(ChecksumAlgorithm.CRC32, checksum_of(buckets[b.index])))
+        for b in layout.buckets
+    )
+    return buckets, WeightLayout(layout.tensors, specs)
+
+
+def checksum_of(bucket: torch.Tensor) -> bytes:
+    return crc32(memoryview(bucket.numpy()))
+
+
+def verify(layout: WeightLayout, index: int, bucket: torch.Tensor) -> None:
+    """Raise FailedPrecondition if a received bucket is not exactly the one the layout describes."""
+    spec = layout.buckets[index]
+    if bucket.numel() != spec.num_bytes:
+        raise FailedPrecondition(f"bucket {index}: {bucket.numel()} bytes, expected {spec.num_bytes}")
+    if spec.checksum.algorithm is not ChecksumAlgorithm.CRC32:
+        raise FailedPrecondition(f"bucket {index}: unsupported checksum {spec.checksum.algorithm.value}")
+    if checksum_of(bucket) != spec.checksum.value:
+        raise FailedPrecondition(f"bucket {index}: checksum mismatch")
+
+
+def tensors_of(layout: WeightLayout, index: int, bucket: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Views (no copies) of the tensors stored in one bucket."""
+    return {
+        spec.name: bucket[spec.offset : spec.offset + spec.num_bytes]
+        .view(_DTYPES[spec.dtype])
+        .view(spec.shape)
+        for spec in layout.tensors
+        if spec.bucket == index
+    }

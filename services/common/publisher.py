@@ -1,0 +1,244 @@
+"""The trainer's side of weight transport: pack each new version into checksummed buckets, tell
+every watcher, broadcast the buckets to the current membership, and serve them to `FetchWeights`.
+
+    publish(v, tensors) ──pack (thread)──► latest ──► announce loop
+                                                        │ notices: rendezvous for broadcast members,
+                                                        │          fetch-only for the others
+                                                        ├─► BroadcastGroup(membership).broadcast(bucket…)
+    FetchWeights(v) ◄── the last `keep_versions` packed versions, in 4 MiB checksummed chunks
+
+Versions published while a broadcast is running are coalesced: receivers only need the newest.
+A broadcast that fails or times out drops its group (the next version forms a new one); receivers
+that missed it fetch instead, so a failure costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pipelinerl.common import buckets as bucketing
+from pipelinerl.common.broadcast import BroadcastGroup, tcp_store
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import WeightVersion
+from pipelinerl.common.weights import (
+    MAX_CHUNK_BYTES,
+    Checksum,
+    ChecksumAlgorithm,
+    Receiver,
+    Rendezvous,
+    WeightChunk,
+    WeightLayout,
+    WeightNotice,
+    crc32,
+)
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    run_id: str
+    """Identifies the trainer run; receivers refuse versions of another run."""
+    bucket_bytes: int = bucketing.DEFAULT_BUCKET_BYTES
+    """Size of the flat buckets weights move in."""
+    broadcast_backend: str | None = "gloo"
+    """`gloo` (CPU), `nccl` (GPU), or None to serve FetchWeights only."""
+    store_host: str = "127.0.0.1"
+    """Address the rendezvous TCPStore binds."""
+    store_port: int = 0
+    """Port of the TCPStore; 0 picks a free one."""
+    advertise_host: str = "127.0.0.1"
+    """Host receivers connect to for the rendezvous (the trainer's address as they see it)."""
+    broadcast_timeout_s: float = 60.0
+    """A rendezvous or broadcast slower than this fails; receivers then fetch."""
+    keep_versions: int = 2
+    """Packed versions kept for FetchWeights (a receiver mid-fetch keeps its version)."""
+
+
+@dataclass
+class _Packed:
+    version: WeightVersion
+    layout: WeightLayout
+    buckets: list[torch.Tensor]
+
+
+@dataclass
+class PublisherStats:
+    published: int = 0
+    broadcasts: int = 0
+    failed_broadcasts: int = 0
+    last_pack_s: float = 0.0
+    last_broadcast_s: float = 0.0
+    last_broadcast_gib_per_s: float = 0.0
+    rendezvous: int = 0
+
+
+@dataclass
+class _Watcher:
+    receiver_id: str
+    accepts_broadcast: bool
+    queue: asyncio.Queue[WeightNotice] = field(default_factory=asyncio.Queue)
+
+
+class WeightPublisher:
+    def __init__(self, config: PublisherConfig) -> None:
+        self.config = config
+        self.stats = PublisherStats()
+        self._versions: OrderedDict[int, _Packed] = OrderedDict()
+        self._latest: _Packed | None = None
+        self._announced = -1
+        self._watchers: dict[str, _Watcher] = {}
+        self._wakeup = asyncio.Event()
+        self._store = None
+        self._group: BroadcastGroup | None = None
+        self._membership: tuple[str, ...] = ()
+        self._epoch = 0
+        self._token = uuid.uuid4().hex[:8]
+        self._loop_task: asyncio.Task[None] | None = None
+        self._layout_plan: WeightLayout | None = None
+
+    @property
+    def store_port(self) -> int:
+        return self._store.port if self._store is not None else 0
+
+    @property
+    def watchers(self) -> int:
+        return len(self._watchers)
+
+    async def start(self) -> None:
+        if self.config.broadcast_backend is not None:
+            self._store = await asyncio.to_thread(
+                tcp_store,
+                self.config.store_host,
+                self.config.store_port,
+                True,
+                self.config.broadcast_timeout_s,
+            )
+        self._loop_task = asyncio.create_task(self._announce_loop())
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._group = None
+
+    async def publish(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Make `version` available; returns once packed (the broadcast runs in the background)."""
+        started = time.perf_counter()
+        if self._layout_plan is None or [t.name for t in self._layout_plan.tensors] != list(tensors):
+            self._layout_plan = bucketing.plan_layout(tensors.items(), self.config.bucket_bytes)
+        buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, self._layout_plan)
+        packed = _Packed(WeightVersion(version, self.config.run_id), layout, buckets)
+        self._versions[version] = packed
+        while len(self._versions) > self.config.keep_versions:
+            self._versions.popitem(last=False)
+        self._latest = packed
+        self.stats.published += 1
+        self.stats.last_pack_s = time.perf_counter() - started
+        self._wakeup.set()
+
+    async def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+        """The current version at once (fetch only: the receiver is not in a group yet), then each new one."""
+        receiver_id = receiver.receiver_id
+        watcher = _Watcher(receiver_id, receiver.accepts_broadcast)
+        self._watchers[receiver_id] = watcher  # a reconnecting receiver replaces its old stream
+        try:
+            if self._latest is not None:
+                yield WeightNotice(self._latest.version, self._latest.layout)
+            while True:
+                yield await watcher.queue.get()
+        finally:
+            if self._watchers.get(receiver_id) is watcher:
+                del self._watchers[receiver_id]
+
+    async def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
+        if version.run_id and version.run_id != self.config.run_id:
+            raise FailedPrecondition(
+                f"run {version.run_id!r} is not this trainer's run {self.config.run_id!r}"
+            )
+        packed = self._versions.get(version.version)
+        if packed is None:
+            held = sorted(self._versions)
+            raise FailedPrecondition(f"version {version.version} is not held; held versions: {held}")
+        for index in buckets or range(len(packed.buckets)):
+            if not 0 <= index < len(packed.buckets):
+                raise InvalidArgument.field(
+                    "buckets", f"no bucket {index}; version has {len(packed.buckets)}"
+                )
+            data = packed.buckets[index].numpy()
+            for offset in range(0, len(data), MAX_CHUNK_BYTES):
+                piece = data[offset : offset + MAX_CHUNK_BYTES].tobytes()
+                checksum = Checksum(ChecksumAlgorithm.CRC32, crc32(piece))
+                yield WeightChunk(packed.version, index, offset, piece, checksum)
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            packed = self._latest
+            if packed is None or packed.version.version <= self._announced:
+                continue
+            self._announced = packed.version.version
+            await self._announce(packed)
+
+    async def _announce(self, packed: _Packed) -> None:
+        members = sorted(w.receiver_id for w in self._watchers.values() if w.accepts_broadcast)
+        if self._store is None or not members:
+            for watcher in list(self._watchers.values()):
+                watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout))
+            return
+        if tuple(members) != self._membership or self._group is None:
+            self._group, self._membership, self._epoch = None, tuple(members), self._epoch + 1
+        name = f"{self.config.run_id}-{self._token}-m{self._epoch}"
+        for watcher in list(self._watchers.values()):
+            rendezvous = None
+            if watcher.receiver_id in self._membership:
+                rendezvous = self._rendezvous(name, 1 + self._membership.index(watcher.receiver_id))
+            watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout, rendezvous))
+        try:
+            await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))
+        except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
+            self.stats.failed_broadcasts += 1
+            self._group = None
+            log.warning(
+                "broadcast failed; receivers will fetch", version=packed.version.version, error=str(exc)
+            )
+
+    def _rendezvous(self, name: str, rank: int) -> Rendezvous:
+        assert self.config.broadcast_backend is not None
+        return Rendezvous(
+            backend=self.config.broadcast_backend,
+            host=self.config.advertise_host,
+            port=self.store_port,
+            group_name=name,
+            world_size=1 + len(self._membership),
+            rank=rank,
+            timeout_ms=int(self.config.broadcast_timeout_s * 1000),
+        )
+
+    def _broadcast(self, packed: _Packed, rendezvous: Rendezvous) -> None:
+        if self._group is None or self._group.name != rendezvous.group_name:
+            assert self._store is not None
+            self._group = BroadcastGroup(self._store, rendezvous)
+            self.stats.rendezvous += 1
+        started = time.perf_counter()
+        for bucket in packed.buckets:
+            self._group.broadcast(bucket.to(self._group.device))
+        elapsed = time.perf_counter() - started
+        self.stats.broadcasts += 1
+        self.stats.last_broadcast_s = elapsed
+        self.stats.last_broadcast_gib_per_s = packed.layout.total_bytes / 2**30 / max(elapsed, 1e-9)
+        log.info(
+            "broadcast",
+            version=packed.version.version,
+            members=len(self._membership),
+            seconds=round(elapsed, 3),
+        )

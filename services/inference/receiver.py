@@ -1,0 +1,198 @@
+"""The inference server's side of weight transport: follow the trainer's versions and hand each
+verified version to the engine.
+
+    WatchWeights ──notice──► broadcast (if a rendezvous is given) ──► verify every bucket
+                                 │ failed / timed out / bad checksum          │ all good
+                                 ▼                                            ▼
+                         FetchWeights(bad buckets) ──verify──────────► apply(version, tensors)
+
+Nothing reaches the engine before every bucket of a version has passed its checksum, so a server
+never serves a mix of two versions: a failed transfer leaves the old weights, is counted, and is
+retried by fetching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from pipelinerl.common import buckets as bucketing
+from pipelinerl.common.broadcast import BroadcastGroup, join
+from pipelinerl.common.errors import FailedPrecondition, PipelineError
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import WeightVersion
+from pipelinerl.common.weights import Receiver, Rendezvous, WeightChunk, WeightLayout, WeightNotice, crc32
+
+log = get_logger(__name__)
+
+ApplyWeights = Callable[[WeightVersion, dict[str, torch.Tensor]], Awaitable[None]]
+
+
+class WeightSource(Protocol):
+    """What the receiver needs of the trainer (its gRPC client, or the publisher in-process)."""
+
+    def watch_weights(
+        self, receiver_id: str, current_version: int, accepts_broadcast: bool
+    ) -> AsyncIterator[WeightNotice]: ...
+
+    def fetch_weights(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]: ...
+
+
+@dataclass
+class ReceiverStats:
+    updates: int = 0
+    failed_updates: int = 0
+    broadcasts: int = 0
+    fetches: int = 0
+    last_receive_s: float = 0.0
+    last_error: str = ""
+
+
+class WeightReceiver:
+    def __init__(
+        self,
+        source: WeightSource,
+        receiver_id: str,
+        apply: ApplyWeights,
+        *,
+        accepts_broadcast: bool = True,
+        fetch_attempts: int = 3,
+        reconnect_s: float = 1.0,
+    ) -> None:
+        self._source = source
+        self._receiver_id = receiver_id
+        self._apply = apply
+        self._accepts_broadcast = accepts_broadcast
+        self._fetch_attempts = fetch_attempts
+        self._reconnect_s = reconnect_s
+        self._group: BroadcastGroup | None = None
+        self.version: WeightVersion | None = None
+        self.stats = ReceiverStats()
+
+    async def run(self) -> None:
+        """Follow the trainer until cancelled, reconnecting when the stream drops."""
+        while True:
+            try:
+                current = -1 if self.version is None else self.version.version
+                receiver = Receiver(self._receiver_id, current, self._accepts_broadcast)
+                async for notice in self._source.watch_weights(receiver):
+                    await self.receive(notice)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the trainer restarting or unreachable: keep serving, retry
+                log.warning("weight stream lost; reconnecting", error=str(exc), retry_s=self._reconnect_s)
+            await asyncio.sleep(self._reconnect_s)
+
+    async def receive(self, notice: WeightNotice) -> bool:
+        """Receive, verify and apply one version. False (old weights kept) if it could not be had."""
+        started = time.perf_counter()
+        layout = notice.layout
+        buckets = [torch.empty(b.num_bytes, dtype=torch.uint8) for b in layout.buckets]
+        missing = list(range(len(buckets)))
+        if notice.broadcast is not None:
+            # Joining the broadcast is owed to the group even for a version we would skip.
+            missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
+        if (
+            self.version is not None
+            and notice.version.version <= self.version.version
+            and self.version.run_id == notice.version.run_id
+        ):
+            return True
+        try:
+            if missing:
+                await self._fetch(notice.version, layout, buckets, missing)
+        except PipelineError as exc:
+            self.stats.failed_updates += 1
+            self.stats.last_error = exc.message
+            log.error(
+                "weight update failed; keeping the old weights",
+                version=notice.version.version,
+                error=exc.message,
+            )
+            return False
+        tensors: dict[str, torch.Tensor] = {}
+        for index, bucket in enumerate(buckets):
+            tensors.update(bucketing.tensors_of(layout, index, bucket))
+        await self._apply(notice.version, tensors)
+        self.version = notice.version
+        self.stats.updates += 1
+        self.stats.last_receive_s = time.perf_counter() - started
+        log.info("weights updated", version=notice.version.version, via="fetch" if missing else "broadcast",
+                 seconds=round(self.stats.last_receive_s, 3))  # fmt: skip
+        return True
+
+    def _holds(self, version: WeightVersion) -> bool:
+        held = self.version
+        return held is not None and held.run_id == version.run_id and held.version >= version.version
+
+    async def _receive_broadcast(
+        self, rendezvous: Rendezvous, layout: WeightLayout, buckets: list[torch.Tensor]
+    ) -> list[int]:
+        """Receive every bucket by broadcast; returns the indices that must still be fetched."""
+        try:
+            await asyncio.to_thread(self._broadcast, rendezvous, buckets)
+        except Exception as exc:
+            self._group = None
+            self.stats.last_error = f"broadcast: {exc}"
+            log.warning("broadcast failed; fetching instead", error=str(exc))
+            return list(range(len(buckets)))
+        self.stats.broadcasts += 1
+        bad = []
+        for index, bucket in enumerate(buckets):
+            try:
+                bucketing.verify(layout, index, bucket)
+            except FailedPrecondition as exc:
+                log.warning("broadcast bucket corrupt; fetching it", bucket=index, error=exc.message)
+                bad.append(index)
+        return bad
+
+    def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor]) -> None:
+        if self._group is None or self._group.name != rendezvous.group_name:
+            self._group = None
+            self._group = join(rendezvous)
+        device = self._group.device
+        for bucket in buckets:
+            staged = bucket if device.type == "cpu" else bucket.to(device)
+            self._group.broadcast(staged)
+            if staged is not bucket:
+                bucket.copy_(staged)
+
+    async def _fetch(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor], wanted: list[int]
+    ) -> None:
+        last_error: PipelineError | None = None
+        for attempt in range(self._fetch_attempts):
+            try:
+                await self._fetch_once(version, layout, buckets, wanted)
+                self.stats.fetches += 1
+                return
+            except PipelineError as exc:
+                last_error = exc
+                log.warning("fetch failed", version=version.version, attempt=attempt + 1, error=exc.message)
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+        assert last_error is not None
+        raise last_error
+
+    async def _fetch_once(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor], wanted: list[int]
+    ) -> None:
+        async for chunk in self._source.fetch_weights(version, wanted):
+            if chunk.bucket not in wanted:
+                raise FailedPrecondition(f"chunk of bucket {chunk.bucket}, which was not asked for")
+            if crc32(chunk.data) != chunk.checksum.value:
+                raise FailedPrecondition(
+                    f"chunk at bucket {chunk.bucket} offset {chunk.offset}: checksum mismatch"
+                )
+            end = chunk.offset + len(chunk.data)
+            if end > buckets[chunk.bucket].numel():
+                raise FailedPrecondition(f"chunk past the end of bucket {chunk.bucket}")
+            buckets[chunk.bucket][chunk.offset : end].copy_(
+                torch.frombuffer(bytearray(chunk.data), dtype=torch.uint8)
+            )
+        for index in wanted:
+            bucketing.verify(layout, index, buckets[index])
