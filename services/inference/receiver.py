@@ -118,13 +118,22 @@ class WeightReceiver:
         tensors: dict[str, torch.Tensor] = {}
         for index, bucket in enumerate(buckets):
             tensors.update(bucketing.tensors_of(layout, index, bucket))
-        await self._apply(notice.version, tensors)
+        try:
+            await self._apply(notice.version, tensors)
+        except PipelineError as exc:  # e.g. a layout that does not fit the served model
+            self._fail(notice.version, exc.message)
+            return False
         self.version = notice.version
         self.stats.updates += 1
         self.stats.last_receive_s = time.perf_counter() - started
         log.info("weights updated", version=notice.version.version, via="fetch" if missing else "broadcast",
                  seconds=round(self.stats.last_receive_s, 3))  # fmt: skip
         return True
+
+    def _fail(self, version: WeightVersion, reason: str) -> None:
+        self.stats.failed_updates += 1
+        self.stats.last_error = reason
+        log.error("weight update failed; keeping the old weights", version=version.version, error=reason)
 
     def _holds(self, version: WeightVersion) -> bool:
         held = self.version

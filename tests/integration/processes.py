@@ -13,12 +13,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def port_file_of(script: str, tmp_path: Path) -> Path:
+    return tmp_path / f"{script}.port"
+
+
 @contextlib.asynccontextmanager
 async def server_process(
     script: str, tmp_path: Path, *args: str, start_timeout_s: float = 60
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
     """Run `tests/integration/<script> PORT_FILE *args`; yields (process, port); kills it on exit."""
-    port_file = tmp_path / f"{script}.port"
+    port_file = port_file_of(script, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "integration" / script), str(port_file), *args], env=env

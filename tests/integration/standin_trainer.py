@@ -1,15 +1,19 @@
 """A stand-in trainer process: serves WatchWeights/FetchWeights from a real WeightPublisher and
-publishes version v = 0, 1, ... every `interval` seconds, where every tensor of version v is
-`expected_weights(v)`. With `--corrupt`, odd versions are announced with a wrong bucket checksum.
+publishes versions v = 0, 1, ..., where version v is `expected_weights(v)` (small toy tensors) or,
+with `--weights tiny`, `preset_weights(v)` (the tiny preset drawn from seed 100 + v).
 
-    python standin_trainer.py PORT_FILE VERSIONS INTERVAL_S [--corrupt]
+    python standin_trainer.py PORT_FILE --versions N --interval S [--weights toy|tiny] [--corrupt]
+
+Without `--interval`, the next version is published each time the file `PORT_FILE.next` appears
+(and is then removed), so a test decides exactly when an update lands. With `--corrupt`, odd
+versions are announced with a wrong bucket checksum.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
-import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -31,6 +35,12 @@ SHAPES = {"embed.weight": (64, 32), "layer.weight": (32, 32), "layer.bias": (32,
 def expected_weights(version: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(version)
     return {name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}
+
+
+def preset_weights(version: int) -> dict[str, torch.Tensor]:
+    from pipelinerl.inference.model import build_preset
+
+    return dict(build_preset("tiny", seed=100 + version).model.named_parameters())
 
 
 class PublisherOnlyTrainer:
@@ -62,22 +72,35 @@ class PublisherOnlyTrainer:
         return TrainerStatus(WeightVersion(self.version, "standin"), 0, 0, 0, 0, 0.0, self.publisher.watchers)
 
 
-async def main(port_file: Path, versions: int, interval_s: float, corrupt: bool) -> None:
+async def main(args: argparse.Namespace) -> None:
     # Small buckets so that a version spans several of them.
-    publisher = WeightPublisher(PublisherConfig("standin", bucket_bytes=16 * 1024, broadcast_timeout_s=10))
+    publisher = WeightPublisher(PublisherConfig("standin", bucket_bytes=256 * 1024, broadcast_timeout_s=10))
     await publisher.start()
-    core = PublisherOnlyTrainer(publisher, corrupt)
+    core = PublisherOnlyTrainer(publisher, args.corrupt)
     server = GrpcServer(ServiceSettings(port=0, drain_seconds=1), [registration(core)])
     await server.start()
-    port_file.write_text(str(server.port))
-    for version in range(versions):
-        await publisher.publish(version, expected_weights(version))
+    weights = preset_weights if args.weights == "tiny" else expected_weights
+    trigger = Path(f"{args.port_file}.next")
+    for version in range(args.versions):
+        await publisher.publish(version, weights(version))
         core.version = version
-        await asyncio.sleep(interval_s)
+        if version == 0:
+            args.port_file.write_text(str(server.port))
+        if args.interval is not None:
+            await asyncio.sleep(args.interval)
+            continue
+        while not trigger.exists():
+            await asyncio.sleep(0.02)
+        trigger.unlink()
     await asyncio.sleep(3600)
 
 
 if __name__ == "__main__":
     configure_logging("standin-trainer")
-    args = sys.argv[1:]
-    asyncio.run(main(Path(args[0]), int(args[1]), float(args[2]), "--corrupt" in args))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port_file", type=Path)
+    parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--interval", type=float)
+    parser.add_argument("--weights", choices=["toy", "tiny"], default="toy")
+    parser.add_argument("--corrupt", action="store_true")
+    asyncio.run(main(parser.parse_args()))

@@ -52,7 +52,10 @@ async def follow(
 
 
 async def test_versions_arrive_by_broadcast_and_late_join_by_fetch(tmp_path: Path) -> None:
-    async with server_process("standin_trainer.py", tmp_path, "5", "1.0") as (_, port):
+    async with server_process("standin_trainer.py", tmp_path, "--versions", "5", "--interval", "1.0") as (
+        _,
+        port,
+    ):
         applied = Applied()
         receiver = await follow(port, applied, until_version=4, timeout_s=60)
     assert applied.mismatches == []
@@ -63,7 +66,10 @@ async def test_versions_arrive_by_broadcast_and_late_join_by_fetch(tmp_path: Pat
 
 
 async def test_fetch_only_receiver(tmp_path: Path) -> None:
-    async with server_process("standin_trainer.py", tmp_path, "3", "0.5") as (_, port):
+    async with server_process("standin_trainer.py", tmp_path, "--versions", "3", "--interval", "0.5") as (
+        _,
+        port,
+    ):
         applied = Applied()
         receiver = await follow(port, applied, until_version=2, timeout_s=60, accepts_broadcast=False)
     assert applied.mismatches == [] and applied.versions[-1] == 2
@@ -71,7 +77,9 @@ async def test_fetch_only_receiver(tmp_path: Path) -> None:
 
 
 async def test_unverifiable_version_keeps_the_old_weights(tmp_path: Path) -> None:
-    async with server_process("standin_trainer.py", tmp_path, "3", "1.5", "--corrupt") as (_, port):
+    async with server_process(
+        "standin_trainer.py", tmp_path, "--versions", "3", "--interval", "1.5", "--corrupt"
+    ) as (_, port):
         applied = Applied()
         receiver = await follow(port, applied, until_version=2, timeout_s=60, fetch_attempts=2)
     # Version 1 is announced with a wrong checksum: never applied, counted, and version 2 still lands.

@@ -1,0 +1,134 @@
+"""Built-in engine (continuous batching) against HF `generate` with static batches, same model.
+
+Both decode the same prompts with the same sampling (temperature 1, no top-k/top-p, EOS ignored)
+and the same mixed output lengths: each request's max_new_tokens is drawn from [--min-new,
+--max-new], log-uniformly by default (RL rollouts: most short, a few long) or uniformly. HF runs
+static batches of `--batch` requests, each until its longest member is done, which is what static
+batching costs; the engine keeps `--batch` rows busy, refilling a row as soon as its sequence ends.
+Only useful tokens count: each request's own max_new_tokens. Both use `--threads` torch threads
+(default 1: on a small shared machine, multi-threaded timings swing with the neighbours' load).
+Ends with one JSON line on stdout:
+
+    python benchmarks/engine.py [--preset small] [--requests 48] [--batch 16] [--lengths loguniform]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+
+import torch
+
+from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.common.types import SamplingParams
+from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference.model import LoadedModel, build_preset
+from pipelinerl.inference.types import GenerationRequest
+
+log = get_logger("benchmarks.engine")
+
+ALPHABET = "0123456789+-*/= abcdefghijklmnopqrstuvwxyz?"
+
+
+def make_workload(args: argparse.Namespace, loaded: LoadedModel) -> list[tuple[list[int], int]]:
+    """(prompt token ids, max_new_tokens) per request, from a fixed seed."""
+    rng = random.Random(args.seed)
+    workload = []
+    for _ in range(args.requests):
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(8, 64)))
+        workload.append((loaded.tokenizer(text)["input_ids"], draw_length(rng, args)))
+    return workload
+
+
+def draw_length(rng: random.Random, args: argparse.Namespace) -> int:
+    if args.lengths == "uniform":
+        return rng.randint(args.min_new, args.max_new)
+    return round(math.exp(rng.uniform(math.log(args.min_new), math.log(args.max_new))))
+
+
+def run_engine(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
+    """Useful tokens and seconds for the built-in engine."""
+    engine = InferenceEngine(loaded.model, loaded.tokenizer, EngineConfig(max_running=batch, ignore_eos=True))
+    started = time.perf_counter()
+    for i, (prompt, max_new) in enumerate(workload):
+        engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, seed=i)))
+    tokens = 0
+    while engine.has_work:
+        tokens += sum(len(update.tokens) for update in engine.step() if update.finish_reason is not None)
+    return tokens, time.perf_counter() - started
+
+
+def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
+    """Useful tokens and seconds for HF `generate` on static, left-padded batches."""
+    pad = loaded.tokenizer.pad_token_id
+    started = time.perf_counter()
+    tokens = 0
+    for first in range(0, len(workload), batch):
+        chunk = workload[first : first + batch]
+        width = max(len(prompt) for prompt, _ in chunk)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        loaded.model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max(max_new for _, max_new in chunk),
+            eos_token_id=None,
+            pad_token_id=pad,
+        )
+        tokens += sum(max_new for _, max_new in chunk)
+    return tokens, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--min-new", type=int, default=16)
+    parser.add_argument("--max-new", type=int, default=512)
+    parser.add_argument("--lengths", choices=["loguniform", "uniform"], default="loguniform")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    configure_logging("benchmark")  # stderr; stdout carries only the final JSON line
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    loaded = build_preset(args.preset)
+    workload = make_workload(args, loaded)
+    warmup = [(prompt, 4) for prompt, _ in workload[: args.batch]]
+    run_engine(loaded, warmup, args.batch)
+    run_hf(loaded, warmup, args.batch)
+
+    engine_tokens, engine_s = run_engine(loaded, workload, args.batch)
+    hf_tokens, hf_s = run_hf(loaded, workload, args.batch)
+    engine_rate, hf_rate = engine_tokens / engine_s, hf_tokens / hf_s
+    log.info(
+        "built-in engine", tokens=engine_tokens, seconds=round(engine_s, 2), tokens_per_s=round(engine_rate)
+    )
+    log.info(
+        "hf generate, static batches", tokens=hf_tokens, seconds=round(hf_s, 2), tokens_per_s=round(hf_rate)
+    )
+    report = {
+        "engine_tokens_per_s": round(engine_rate, 1),
+        "hf_tokens_per_s": round(hf_rate, 1),
+        "ratio": round(engine_rate / hf_rate, 2),
+        "preset": args.preset,
+        "requests": args.requests,
+        "batch": args.batch,
+        "new_tokens": [args.lengths, args.min_new, args.max_new],
+        "threads": args.threads,
+        "useful_tokens": engine_tokens,
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Settings of the inference server (env `PIPELINERL_INFERENCE_*`, `--flags`, or a YAML/TOML file)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from pipelinerl.common.settings import ServiceSettings
+
+
+class InferenceSettings(ServiceSettings):
+    """The inference server: the built-in continuous-batching engine with in-flight weight updates."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINERL_INFERENCE_")
+
+    port: int = Field(default=50051, ge=0, le=65535)
+    """Port to bind; 0 picks a free one."""
+    model: str = "tiny"
+    """A preset name (`tiny`) or a local HF model directory."""
+    seed: int = 0
+    """Seed of a preset's random initial weights."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight and compute dtype."""
+    device: str = "cpu"
+    """`cpu` or `cuda[:N]`."""
+    threads: int | None = Field(default=None, ge=1)
+    """torch CPU threads for decoding; unset keeps torch's default."""
+    max_running: int = Field(default=64, ge=1)
+    """Sequences decoded together; also the flow-control window advertised to clients."""
+    max_queued: int = Field(default=1024, ge=0)
+    """Accepted requests waiting for a free row."""
+    max_new_tokens: int = Field(default=4096, ge=1)
+    """Largest `max_new_tokens` a request may ask for."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Context length; unset means the model's own."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-sequence tokens (fixed-length rollouts, benchmarks)."""
+    trainer_address: str | None = None
+    """`host:port` of the trainer to follow for weight updates; unset serves the initial weights forever."""
+    trainer_auth_token: str | None = None
+    """Bearer token of the trainer, if it needs one."""
+    receiver_id: str = Field(default_factory=socket.gethostname)
+    """This server's name in broadcast groups; must be unique among the trainer's receivers."""
+    accepts_broadcast: bool = True
+    """Join the trainer's broadcast groups (otherwise every version is fetched over gRPC)."""

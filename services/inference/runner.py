@@ -1,0 +1,130 @@
+"""The built-in engine behind the servicer: a thread that steps the engine, and asyncio plumbing
+that routes each step's updates to the request that owns them.
+
+    generate(req) ──add_request──► InferenceEngine ◄──load_weights── apply_weights(v, tensors)
+         ▲                              │ step() in the engine thread (wakes on new work)
+         └── per-request queue ◄── call_soon_threadsafe(updates)
+
+Closing a `generate` iterator early (client cancel, stream gone) aborts the request in the engine,
+which frees its cache row at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import torch
+
+from pipelinerl.common.errors import Unavailable
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import WeightVersion
+from pipelinerl.inference.engine import InferenceEngine
+from pipelinerl.inference.receiver import WeightReceiver
+from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+
+log = get_logger(__name__)
+
+
+class EngineRunner:
+    """Implements `InferenceBackend` over an `InferenceEngine`."""
+
+    def __init__(self, engine: InferenceEngine, model_name: str, run_id: str = "") -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.run_id = run_id
+        self.receiver: WeightReceiver | None = None
+        """Set when the server follows a trainer; its counters are reported in `status()`."""
+        self._queues: dict[str, asyncio.Queue[GenerationUpdate | Exception]] = {}
+        self._failure: Exception | None = None
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    @property
+    def limits(self) -> Limits:
+        return self.engine.limits
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer(text)["input_ids"])
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
+        if self._failure is not None:
+            raise Unavailable(f"the engine failed: {self._failure}")
+        queue: asyncio.Queue[GenerationUpdate | Exception] = asyncio.Queue()
+        self.engine.add_request(request)  # raises InvalidArgument before any update
+        self._queues[request.request_id] = queue
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                update = await queue.get()
+                if isinstance(update, Exception):
+                    raise Unavailable(f"the engine failed: {update}")
+                finished = update.finish_reason is not None
+                yield update
+        finally:
+            del self._queues[request.request_id]
+            if not finished:
+                self.engine.abort(request.request_id)
+                self._wake.set()
+
+    async def apply_weights(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
+        """Stage a verified version; the engine swaps it in between two decode steps."""
+        self.engine.load_weights(tensors, version.version)
+        self.run_id = version.run_id
+        self._wake.set()
+
+    def status(self) -> EngineStatus:
+        stats = self.engine.stats()
+        return EngineStatus(
+            weight_version=WeightVersion(stats.weight_version, self.run_id),
+            running=stats.running,
+            queued=stats.queued,
+            tokens_per_s=stats.tokens_per_s,
+            weight_updates=self.receiver.stats.updates if self.receiver else 0,
+            failed_weight_updates=self.receiver.stats.failed_updates if self.receiver else 0,
+            engine="builtin",
+            model=self.model_name,
+        )
+
+    def _run(self) -> None:
+        assert self._loop is not None
+        while not self._stopped.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            while not self._stopped.is_set():
+                try:
+                    updates = self.engine.step()  # also swaps staged weights when idle
+                except Exception as exc:  # a broken engine fails every request rather than hang them
+                    log.exception("engine step failed")
+                    self._loop.call_soon_threadsafe(self._fail_all, exc)
+                    return
+                if updates:
+                    self._loop.call_soon_threadsafe(self._deliver, updates)
+                if not self.engine.has_work:
+                    break
+
+    def _fail_all(self, exc: Exception) -> None:
+        self._failure = exc
+        for queue in self._queues.values():
+            queue.put_nowait(exc)
+
+    def _deliver(self, updates: list[GenerationUpdate]) -> None:
+        for update in updates:
+            queue = self._queues.get(update.request_id)
+            if queue is not None:  # None: the caller went away and the request was aborted
+                queue.put_nowait(update)

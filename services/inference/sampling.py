@@ -1,0 +1,88 @@
+"""Token choice for a batch of rows, each with its own sampling parameters and random generator.
+
+Order of operations per row (as in HF `generate` and vLLM): divide by temperature, keep the top-k
+tokens, keep the smallest set whose probability reaches top-p, renormalise, draw.
+
+Logprob convention (what the trainer's importance ratios are computed against):
+  - sampled rows (temperature > 0): log-probability of the drawn token under the distribution it was
+    actually drawn from, i.e. after temperature, top-k and top-p, renormalised;
+  - greedy rows (temperature == 0): log_softmax of the raw logits at the argmax, since a greedy
+    "distribution" would put probability 1 (logprob 0) on every token and tell the trainer nothing.
+All logprobs are float32 whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pipelinerl.common.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    token_ids: torch.Tensor
+    """int64 [batch]"""
+    logprobs: torch.Tensor
+    """float32 [batch], see the module docstring for the convention."""
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator of its own for one request: seeded when `seed` is given, from OS entropy otherwise."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> SampledTokens:
+    """Choose one token per row of `logits` [batch, vocab]; row i uses params[i] and generators[i]."""
+    logits = logits.float()
+    greedy = torch.tensor([p.temperature == 0 for p in params], device=logits.device)
+    token_ids = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(len(params), dtype=torch.float32, device=logits.device)
+    if greedy.any():
+        raw = torch.log_softmax(logits[greedy], dim=-1)
+        chosen = raw.argmax(dim=-1)
+        token_ids[greedy] = chosen
+        logprobs[greedy] = raw.gather(-1, chosen[:, None]).squeeze(-1)
+    if not greedy.all():
+        rows = (~greedy).nonzero().squeeze(-1).tolist()
+        filtered = torch.log_softmax(filter_logits(logits[rows], [params[i] for i in rows]), dim=-1)
+        for j, row in enumerate(rows):
+            token = torch.multinomial(filtered[j].exp(), 1, generator=generators[row])
+            token_ids[row] = token[0]
+            logprobs[row] = filtered[j, token[0]]
+    return SampledTokens(token_ids, logprobs)
+
+
+def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to float logits [batch, vocab]; dropped tokens become -inf.
+
+    Every row needs temperature > 0. `log_softmax` of the result is the distribution that `sample`
+    draws from.
+    """
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    scaled = logits / temperature[:, None]
+    if all(p.top_k == 0 and p.top_p >= 1 for p in params):
+        return scaled  # the common RL setting; skip the sort over the vocabulary
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device)
+    ordered, order = scaled.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)
+    ordered = ordered.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # A token is needed only while the more likely ones have not yet reached top_p; the first token
+    # always survives (mass_before is 0), and top_p >= 1 rows skip this so rounding drops nothing.
+    nucleus_full = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    ordered = ordered.masked_fill(nucleus_full, float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)

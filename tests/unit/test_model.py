@@ -1,0 +1,94 @@
+"""The built-in presets: deterministic, offline, and loadable back as a normal HF directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pipelinerl.inference.model import (
+    PRESETS,
+    build_preset,
+    build_tokenizer,
+    export_preset,
+    load_model,
+    preset_config,
+)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_preset(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+def test_same_seed_gives_the_same_weights() -> None:
+    first, again, other = build_preset(seed=0), build_preset(seed=0), build_preset(seed=1)
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, again.model.state_dict()[name]), name
+    assert not torch.equal(first.model.lm_head.weight, other.model.lm_head.weight)
+
+
+def test_building_a_preset_leaves_the_global_random_stream_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_preset(seed=5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_use_head_sizes_vllm_cpu_supports(name: str) -> None:
+    tokenizer = build_tokenizer()
+    config = preset_config(name, tokenizer)
+    assert config.head_dim in (32, 64, 128)
+    assert config.num_attention_heads * config.head_dim == config.hidden_size
+    assert config.vocab_size == len(tokenizer)
+
+
+def test_tokenizer_is_character_level_with_bos() -> None:
+    tokenizer = build_tokenizer()
+    ids = tokenizer("12 + 3 = 15\nok")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    assert len(ids) == 1 + len("12 + 3 = 15\nok")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "12 + 3 = 15\nok"
+    assert tokenizer.encode("€", add_special_tokens=False) == [tokenizer.unk_token_id]
+
+
+def test_export_round_trips_through_auto_classes_with_identical_logits(exported: Path) -> None:
+    original = build_preset("tiny", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    text = "What is 17 * 3? Answer: 51"
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    assert ids.tolist() == original.tokenizer(text, return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, original.model(ids).logits)
+
+
+def test_exported_directory_is_a_plain_llama_checkpoint(exported: Path) -> None:
+    config = json.loads((exported / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert (exported / "model.safetensors").is_file()
+    assert (exported / "tokenizer.json").is_file()
+    tokenizer_config = json.loads((exported / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # also known to transformers 4.x
+
+
+def test_load_model_from_directory_and_with_random_init(exported: Path) -> None:
+    ids = torch.tensor([[1, 5, 6, 7]])
+    loaded = load_model(exported)
+    fresh = load_model(exported, random_init=True, seed=0)
+    other = load_model(exported, random_init=True, seed=3)
+    assert not loaded.model.training
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, fresh.model(ids).logits)
+        assert not torch.equal(loaded.model(ids).logits, other.model(ids).logits)
+
+
+def test_load_model_by_preset_name_and_unknown_source() -> None:
+    assert load_model("tiny").model.config.num_hidden_layers == PRESETS["tiny"].num_hidden_layers
+    with pytest.raises(FileNotFoundError, match="neither a preset"):
+        load_model("/nonexistent/model")

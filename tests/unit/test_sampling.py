@@ -1,0 +1,86 @@
+"""Token choice: greedy, temperature, top-k, top-p, per-request seeds, and the logprob convention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipelinerl.common.types import SamplingParams
+from pipelinerl.inference.sampling import filter_logits, make_generator, sample
+
+# Probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3.
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+LOGITS = PROBS.log()
+
+
+def draw(params: SamplingParams, logits: torch.Tensor = LOGITS, n: int = 1, seed: int = 0) -> list[int]:
+    generator = make_generator(seed)
+    return [sample(logits[None], [params], [generator]).token_ids.item() for _ in range(n)]
+
+
+def test_greedy_takes_the_argmax_with_the_raw_logprob() -> None:
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [3.0, 0.0, 0.0, 0.0]])
+    out = sample(logits, [SamplingParams(temperature=0)] * 2, [make_generator(0)] * 2)
+    assert out.token_ids.tolist() == [1, 0]
+    expected = torch.log_softmax(logits, dim=-1)[[0, 1], [1, 0]]
+    torch.testing.assert_close(out.logprobs, expected)
+
+
+def test_top_k_1_is_greedy_with_logprob_zero() -> None:
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(1))
+    out = sample(logits, [SamplingParams(top_k=1)] * 5, [make_generator(i) for i in range(5)])
+    assert out.token_ids.tolist() == logits.argmax(dim=-1).tolist()
+    assert out.logprobs.tolist() == [0.0] * 5
+
+
+def test_same_seed_same_samples_different_seed_different_samples() -> None:
+    logits = torch.zeros(1000)
+    params = SamplingParams(seed=7)
+    assert draw(params, logits, n=20, seed=7) == draw(params, logits, n=20, seed=7)
+    assert draw(params, logits, n=20, seed=7) != draw(params, logits, n=20, seed=8)
+
+
+def test_samples_follow_the_distribution() -> None:
+    tokens = torch.tensor(draw(SamplingParams(), n=4000))
+    frequencies = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    torch.testing.assert_close(frequencies, PROBS, atol=0.03, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("top_p", "kept"),
+    [(0.4, {0}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (1.0, {0, 1, 2, 3})],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(top_p: float, kept: set[int]) -> None:
+    assert set(draw(SamplingParams(top_p=top_p), n=400)) == kept
+
+
+def test_top_k_keeps_the_k_most_likely() -> None:
+    assert set(draw(SamplingParams(top_k=2), n=300)) == {0, 1}
+
+
+def test_logprob_is_under_the_renormalised_filtered_distribution() -> None:
+    params = SamplingParams(temperature=0.5, top_k=3)
+    out = sample(LOGITS[None], [params], [make_generator(3)])
+    top3 = (LOGITS[:3] / 0.5).softmax(dim=-1)
+    token = out.token_ids.item()
+    assert out.logprobs.item() == pytest.approx(math.log(top3[token].item()), abs=1e-6)
+
+
+def test_filter_logits_applies_top_k_before_top_p() -> None:
+    # After top-k=2 the renormalised probabilities are 0.625 and 0.375, so top-p=0.6 keeps one token.
+    filtered = filter_logits(LOGITS[None], [SamplingParams(top_k=2, top_p=0.6)])
+    assert torch.isfinite(filtered[0]).tolist() == [True, False, False, False]
+
+
+def test_rows_of_one_batch_use_their_own_params() -> None:
+    logits = torch.stack([LOGITS, LOGITS.flip(0)])
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=1, seed=1)]
+    out = sample(logits, params, [make_generator(0), make_generator(1)])
+    assert out.token_ids.tolist() == [0, 3]
+
+
+def test_logprobs_are_float32_for_half_precision_logits() -> None:
+    out = sample(LOGITS[None].bfloat16(), [SamplingParams()], [make_generator(0)])
+    assert out.logprobs.dtype == torch.float32
