@@ -86,6 +86,8 @@ class EngineStats:
     """Since the engine started."""
     tokens_per_s: float
     """Tokens generated over the compute time of the last steps."""
+    last_swap_s: float
+    """How long the last weight swap held up decoding (the copy into the parameters)."""
 
 
 class InferenceEngine:
@@ -119,6 +121,7 @@ class InferenceEngine:
         self._staged_version: int | None = None
         self._generated = 0
         self._recent_steps: deque[tuple[int, float]] = deque(maxlen=64)
+        self._last_swap_s = 0.0
 
     # ---- inputs (any thread) ------------------------------------------------------------------
 
@@ -191,6 +194,7 @@ class InferenceEngine:
             weight_version=self._version,
             generated_tokens=self._generated,
             tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+            last_swap_s=self._last_swap_s,
         )
 
     @torch.no_grad()
@@ -219,8 +223,13 @@ class InferenceEngine:
         started = time.perf_counter()
         for name, tensor in staged.items():
             self._params[name].copy_(tensor)
-        seconds = round(time.perf_counter() - started, 4)
-        log.info("weights swapped", weight_version=version, tensors=len(staged), seconds=seconds)
+        self._last_swap_s = time.perf_counter() - started
+        log.info(
+            "weights swapped",
+            weight_version=version,
+            tensors=len(staged),
+            seconds=round(self._last_swap_s, 4),
+        )
 
     def _apply_aborts(self) -> list[GenerationUpdate]:
         with self._lock:
