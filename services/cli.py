@@ -20,6 +20,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 SERVICES = {
     "inference": "pipelinerl.inference.__main__",
     "reward": "pipelinerl.reward.__main__",
+    "trainer": "pipelinerl.trainer.__main__",
 }
 
 

@@ -1,0 +1,72 @@
+"""`python -m pipelinerl.trainer [--config FILE] [--flags]` (or `pipelinerl serve trainer`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from pipelinerl.common.log import bind_context, configure_logging
+from pipelinerl.common.server import GrpcServer
+from pipelinerl.trainer.config import TrainerSettings
+
+
+async def build(settings: TrainerSettings) -> GrpcServer:
+    """Load the model, resume from the latest checkpoint, publish the current version, serve."""
+    import torch
+
+    from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
+    from pipelinerl.inference.model import load_model
+    from pipelinerl.trainer.learner import TorchLearner
+    from pipelinerl.trainer.server import registration
+    from pipelinerl.trainer.trainer import Trainer, TrainerLoopConfig
+
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    bind_context(run=settings.run_id)
+    loaded = load_model(
+        settings.model, seed=settings.seed, dtype=getattr(torch, settings.dtype), device=settings.device
+    )
+    loaded.model.train()
+    learner = TorchLearner(loaded.model, settings.learner, tokenizer=loaded.tokenizer)
+    publisher = WeightPublisher(
+        PublisherConfig(
+            run_id=settings.run_id,
+            bucket_bytes=settings.bucket_bytes,
+            broadcast_backend=None if settings.broadcast_backend == "none" else settings.broadcast_backend,
+            store_host=settings.host,
+            store_port=settings.store_port,
+            advertise_host=settings.advertise_host,
+            broadcast_timeout_s=settings.broadcast_timeout_s,
+        )
+    )
+    await publisher.start()
+    loop_config = TrainerLoopConfig(
+        samples_per_step=settings.samples_per_step,
+        max_lag=settings.max_lag,
+        lag_policy=settings.lag_policy,
+        max_buffered_samples=settings.max_buffered_samples,
+        checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_every=settings.checkpoint_every,
+        metrics_file=settings.metrics_file,
+    )
+    trainer = Trainer(learner, publisher, loop_config)
+    await trainer.start()
+    return GrpcServer(settings, [registration(trainer)], on_close=[trainer.close, publisher.close])
+
+
+async def _serve(settings: TrainerSettings) -> None:
+    server = await build(settings)
+    await server.serve_until_signal()
+
+
+def serve(config_file: Path | None, cli_args: list[str]) -> None:
+    settings = TrainerSettings.load(config_file, cli_args)
+    configure_logging("trainer", settings.log_format, settings.log_level)
+    asyncio.run(_serve(settings))
+
+
+if __name__ == "__main__":
+    from pipelinerl.cli import split_config_flag
+
+    serve(*split_config_flag(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""Settings of the trainer (env `PIPELINERL_TRAINER_*`, `--flags`, or a YAML/TOML file)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from pipelinerl.common.buckets import DEFAULT_BUCKET_BYTES
+from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.trainer.learner import LearnerConfig
+
+
+class LagPolicy(enum.StrEnum):
+    DROP = "drop"
+    """A sample older than `max_lag` is discarded (acked DROPPED, counted)."""
+    REWEIGHT = "reweight"
+    """A sample older than `max_lag` is trained on anyway; the loss's truncated importance weight
+    bounds its influence."""
+
+
+class TrainerSettings(ServiceSettings):
+    """The trainer: admits scored samples, takes optimizer steps, publishes every version."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINERL_TRAINER_")
+
+    port: int = Field(default=50052, ge=0, le=65535)
+    """Port to bind; 0 picks a free one."""
+    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """Names this training run; weight versions carry it so receivers never mix two runs."""
+    model: str = "tiny"
+    """A preset name (`tiny`) or a local HF model directory: the policy's initial weights (version 0)."""
+    seed: int = 0
+    """Seed of a preset's random initial weights (use the inference servers' seed)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training dtype of the weights."""
+    device: str = "cpu"
+    """`cpu` or `cuda[:N]`."""
+    threads: int | None = Field(default=None, ge=1)
+    """torch CPU threads for training; unset keeps torch's default."""
+    samples_per_step: int = Field(default=64, ge=1)
+    """Samples (whole groups) per optimizer step; each step publishes a new weight version."""
+    max_lag: int = Field(default=4, ge=0)
+    """Largest lag, in versions, of a sample's oldest token at admission."""
+    lag_policy: LagPolicy = LagPolicy.DROP
+    """What happens to a sample over `max_lag`."""
+    max_buffered_samples: int = Field(default=1024, ge=1)
+    """Admitted samples waiting for a step; beyond this, SubmitSamples stops reading (backpressure)."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Optimizer, micro-batching, loss and advantages."""
+    checkpoint_dir: Path | None = None
+    """Where checkpoints go (`<dir>/latest`); the trainer resumes from it at start. Unset: no checkpoints."""
+    checkpoint_every: int = Field(default=50, ge=1)
+    """Save a checkpoint every this many versions."""
+    metrics_file: Path | None = None
+    """Append one JSON line of metrics per optimizer step here."""
+    broadcast_backend: Literal["gloo", "nccl", "none"] = "gloo"
+    """How versions reach inference servers besides FetchWeights: gloo (CPU), nccl (GPU), none."""
+    bucket_bytes: int = Field(default=DEFAULT_BUCKET_BYTES, ge=1024)
+    """Size of the flat buckets weights move in."""
+    store_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the broadcast rendezvous store; 0 picks a free one."""
+    advertise_host: str = "127.0.0.1"
+    """Host inference servers use to reach the rendezvous store."""
+    broadcast_timeout_s: float = Field(default=60.0, gt=0)
+    """A broadcast slower than this fails; receivers then fetch."""

@@ -1,0 +1,420 @@
+"""The learner: one optimizer step per batch of scored samples, on a plain torch model.
+
+    step(samples, current_version)
+      │  validate_samples
+      ├─► compute_advantages ─► zero-variance groups left out
+      ├─► plan_step ─► micro-batches within the token budget, StepTotals of the whole step
+      │     for each micro-batch:
+      │       forward ─► logits[t - 1] / temperature ─► float32 logprob of token t, entropy
+      │       (reference model, no grad) ─► reference logprobs, when KL is on
+      │       policy_loss(normalised by StepTotals) ─► backward: gradients accumulate
+      ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1)
+      └─► StepMetrics: reward, advantage, loss, grad norm, clip fraction, ESS, KL, entropy, lag, timing
+
+    state_dict_for_publish() ─► name -> tensor, the names of model.named_parameters()
+    save_checkpoint(dir) / load_checkpoint(dir): HF safetensors + optimizer.pt + trainer_state.json
+
+`Learner` is the interface the trainer service drives, so a DeepSpeed backend can replace
+`TorchLearner` without the service noticing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file
+
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import Sample
+from pipelinerl.trainer.advantages import AdvantageConfig, GroupAdvantages, compute_advantages
+from pipelinerl.trainer.batching import MicroBatch, StepPlan, plan_step, validate_samples
+from pipelinerl.trainer.losses import LossConfig, LossInputs, LossStats, entropy_from_logits, policy_loss
+
+if TYPE_CHECKING:
+    # Only annotations need transformers, so importing LearnerConfig (service settings) stays light.
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = get_logger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+
+
+class LearnerConfig(BaseModel):
+    """The optimizer, the micro-batching and the loss of one learner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (constant)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW denominator epsilon."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None reports the norm without clipping."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    micro_batch_tokens: int = Field(default=8192, ge=1)
+    """Token budget of one micro-batch, padding included (rows × longest row)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the rollouts. Training logits are divided by it so that current and
+    behaviour logprobs describe the same distribution (the inference server reports logprobs after
+    temperature)."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """The policy loss, KL and entropy terms and token weighting."""
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    """Baseline, std scaling and zero-variance handling."""
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one call to `step` did. Means are over trained samples/tokens unless named otherwise."""
+
+    stepped: bool
+    """False when nothing was trained (every group had zero variance, or the gradient was not finite):
+    the weights did not change and no new version should be published."""
+    samples: int
+    trained_samples: int
+    groups: int
+    zero_variance_groups: int
+    reward_mean: float
+    """Over every sample passed in, trained or not."""
+    reward_std: float
+    advantage_mean: float
+    advantage_std: float
+    loss: float
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    clip_fraction: float
+    mean_ratio: float
+    ess: float
+    kl: float | None
+    """Mean k3 KL to the reference model; None without one."""
+    entropy: float | None
+    lag_histogram: dict[int, int]
+    """current_version minus the token's version -> number of completion tokens."""
+    tokens: int
+    """Prompt and completion tokens trained on."""
+    completion_tokens: int
+    micro_batches: int
+    tokens_per_s: float
+    prepare_s: float
+    """Advantages and packing."""
+    forward_backward_s: float
+    optimizer_s: float
+    """Gradient clipping and the optimizer step."""
+    total_s: float
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The small part of a checkpoint that is not tensors."""
+
+    version: int
+    extra_state: dict[str, Any] = field(default_factory=dict)
+
+
+class Learner(Protocol):
+    """What the trainer service needs from a training backend."""
+
+    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+        """One optimizer step on `samples` (whole groups), trained while the weights are at
+        `current_version`."""
+        ...
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        """Current weights under the inference model's parameter names."""
+        ...
+
+    def save_checkpoint(
+        self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write model, optimizer state, version and `extra_state` (JSON-serialisable) to `directory`."""
+        ...
+
+    def load_checkpoint(self, directory: str | Path) -> int:
+        """Restore model and optimizer state from `directory`; returns the version saved there."""
+        ...
+
+
+class TorchLearner:
+    """A `Learner` for any HF causal LM on one device, with AdamW."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: LearnerConfig | None = None,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        reference: PreTrainedModel | None = None,
+    ) -> None:
+        """`tokenizer` is saved with checkpoints so they load as a complete HF directory. `reference`
+        is the frozen model of the KL term; when KL is on and none is given, a copy of `model` as it
+        is now serves."""
+        self.model = model
+        self.config = config or LearnerConfig()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.reference: PreTrainedModel | None = None
+        if self.config.loss.needs_reference:
+            self.reference = _frozen(copy.deepcopy(model) if reference is None else reference)
+        if self.config.gradient_checkpointing:
+            _enable_activation_checkpointing(model)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self._pad_token_id = _pad_token_id(model)
+
+    # ---- training ----------------------------------------------------------------------------
+
+    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+        started = time.perf_counter()
+        validate_samples(samples)
+        groups = compute_advantages(samples, self.config.advantages)
+        trained = groups.trained(samples)
+        plan = plan_step(trained, groups.advantages, self.config.micro_batch_tokens, self._pad_token_id)
+        prepared = time.perf_counter()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.accumulate_gradients(plan) if trained else LossStats()
+        backward_done = time.perf_counter()
+
+        grad_norm, stepped = self._optimizer_step() if trained else (0.0, False)
+        finished = time.perf_counter()
+
+        tokens = sum(batch.tokens for batch in plan.micro_batches)
+        metrics = StepMetrics(
+            stepped=stepped,
+            samples=len(samples),
+            trained_samples=len(trained),
+            groups=groups.groups,
+            zero_variance_groups=groups.zero_variance_groups,
+            **_reward_and_advantage_stats(samples, trained, groups),
+            loss=stats.loss,
+            grad_norm=grad_norm,
+            clip_fraction=stats.clip_fraction,
+            mean_ratio=stats.mean_ratio,
+            ess=stats.ess,
+            kl=stats.kl,
+            entropy=stats.entropy,
+            lag_histogram=lag_histogram(trained, current_version),
+            tokens=tokens,
+            completion_tokens=plan.totals.completion_tokens,
+            micro_batches=len(plan.micro_batches),
+            tokens_per_s=tokens / max(finished - started, 1e-9),
+            prepare_s=prepared - started,
+            forward_backward_s=backward_done - prepared,
+            optimizer_s=finished - backward_done,
+            total_s=finished - started,
+        )
+        # The trainer service logs each step with its version; this line is for debugging the learner.
+        log.debug(
+            "train step",
+            version=current_version,
+            stepped=stepped,
+            samples=len(samples),
+            trained=len(trained),
+            reward=round(metrics.reward_mean, 4),
+            loss=round(stats.loss, 6),
+            grad_norm=round(grad_norm, 4),
+            tokens_per_s=round(metrics.tokens_per_s, 1),
+        )
+        return metrics
+
+    def accumulate_gradients(self, plan: StepPlan) -> LossStats:
+        """Forward and backward every micro-batch of `plan`, adding into the parameters' `.grad`.
+
+        Each micro-batch's loss is already its share of the step loss, so the accumulated gradient
+        is the gradient of the whole step however it was split.
+        """
+        self.model.train()
+        stats = LossStats()
+        try:
+            for batch in plan.micro_batches:
+                output = policy_loss(self._loss_inputs(batch.to(self.device)), self.config.loss, plan.totals)
+                output.loss.backward()
+                stats += output.stats
+        finally:
+            self.model.eval()
+        return stats
+
+    def _loss_inputs(self, batch: MicroBatch) -> LossInputs:
+        temperature = self.config.temperature
+        targets = batch.input_ids[:, 1:]
+        logits = shifted_logits(self.model, batch, temperature)
+        # Entropy is always reported, but only needs a graph when it is part of the loss.
+        with torch.set_grad_enabled(self.config.loss.entropy_coef > 0):
+            entropy = entropy_from_logits(logits)
+        reference = None
+        if self.reference is not None:
+            with torch.no_grad():
+                reference = gather_logprobs(shifted_logits(self.reference, batch, temperature), targets)
+        return LossInputs(
+            logprobs=gather_logprobs(logits, targets),
+            behaviour_logprobs=batch.behaviour_logprobs[:, 1:],
+            advantages=batch.advantages[:, 1:],
+            mask=batch.completion_mask[:, 1:],
+            reference_logprobs=reference,
+            entropy=entropy,
+        )
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Clip and step; a non-finite gradient skips the step so one bad batch cannot ruin the weights."""
+        max_norm = self.config.grad_clip or math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not math.isfinite(grad_norm):
+            log.warning("non-finite gradient norm; optimizer step skipped", grad_norm=grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            return grad_norm, False
+        self.optimizer.step()
+        return grad_norm, True
+
+    # ---- weights and checkpoints -------------------------------------------------------------
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        """Detached views of the live parameters (no copy): read them before the next `step`."""
+        return {name: param.detach() for name, param in self.model.named_parameters()}
+
+    def save_checkpoint(
+        self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write the checkpoint to a staging directory, then swap it in by renames, so a crash
+        mid-save never leaves a mix of old and new files under `directory`."""
+        directory = Path(directory)
+        staging = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        self.model.save_pretrained(staging, safe_serialization=True)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(staging)
+        torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
+        state = {"version": version, "extra_state": dict(extra_state or {})}
+        (staging / STATE_FILE).write_text(json.dumps(state, indent=2))
+        _swap_in(staging, directory)
+        log.info("checkpoint saved", directory=str(directory), version=version)
+        return directory
+
+    def load_checkpoint(self, directory: str | Path) -> int:
+        directory = Path(directory)
+        state = read_trainer_state(directory)
+        _load_weights(self.model, directory, self.device)
+        optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(optimizer_state)
+        log.info("checkpoint loaded", directory=str(directory), version=state.version)
+        return state.version
+
+
+def shifted_logits(model: PreTrainedModel, batch: MicroBatch, temperature: float) -> torch.Tensor:
+    """Float32 logits at positions 0..L-2, divided by `temperature`: row t predicts token t + 1."""
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    return output.logits[:, :-1].float() / temperature
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logprob of each target under softmax(logits); gather minus logsumexp, which avoids
+    materialising a second [rows, positions, vocab] tensor the way log_softmax would."""
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
+
+
+def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, int]:
+    """How many completion tokens were generated how many versions ago."""
+    counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
+    return dict(sorted(counts.items()))
+
+
+def read_trainer_state(directory: str | Path) -> TrainerState:
+    """Version and extra state of the checkpoint in `directory`; FileNotFoundError if there is none."""
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no checkpoint ({STATE_FILE} is missing)")
+    state = json.loads(path.read_text())
+    return TrainerState(version=int(state["version"]), extra_state=state.get("extra_state", {}))
+
+
+def _reward_and_advantage_stats(
+    samples: Sequence[Sample], trained: Sequence[Sample], groups: GroupAdvantages
+) -> dict[str, float]:
+    rewards = [sample.reward for sample in samples]
+    advantages = [groups.advantages[sample.sample_id] for sample in trained]
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+        "advantage_mean": statistics.fmean(advantages) if advantages else 0.0,
+        "advantage_std": statistics.pstdev(advantages) if advantages else 0.0,
+    }
+
+
+def _frozen(model: PreTrainedModel) -> PreTrainedModel:
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def _pad_token_id(model: PreTrainedModel) -> int:
+    # Right padding is never attended to by real tokens, so any id works; the model's pad id reads best.
+    pad = model.config.pad_token_id
+    if pad is None:
+        pad = model.config.eos_token_id
+    if isinstance(pad, list):
+        pad = pad[0]
+    return int(pad or 0)
+
+
+def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    model.config.use_cache = False
+    # Non-reentrant checkpointing works with inputs that do not require grad (token ids).
+    kwargs = {"use_reentrant": False}
+    # transformers 5 renamed the method and deprecated the old name, which 4.x still needs.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    previous = directory.with_name(directory.name + ".previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    if directory.exists():
+        directory.rename(previous)
+    staging.rename(directory)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _load_weights(model: PreTrainedModel, directory: Path, device: torch.device) -> None:
+    """Load every safetensors shard; tied parameters (saved once by save_pretrained) are the only
+    names allowed to be missing."""
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        state.update(load_file(shard, device=str(device)))
+    result = model.load_state_dict(state, strict=False)
+    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()
+    }
+    missing = set(result.missing_keys) - aliases
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint in {directory} does not match the model: missing {sorted(missing)}, "
+            f"unexpected {sorted(result.unexpected_keys)}"
+        )

@@ -1,0 +1,257 @@
+"""Per-token policy-gradient losses: truncated IS REINFORCE, PPO-clip and GSPO, plus KL and entropy terms.
+
+Every tensor is [sequences, positions], aligned on *predicted* tokens: position t holds the current
+and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a completion
+token (prompt and padding positions are False and contribute nothing).
+
+    current logprobs ─┐
+    behaviour logprobs┼─► ratio = exp(cur - behaviour) ─► objective per kind ─┐
+    advantages ───────┘                                                       ├─► × token weight ─► Σ = loss
+    reference logprobs ──► k3 KL ─────────────────────────────────────────────┤
+    entropy of current logits ────────────────────────────────────────────────┘
+
+The token weights already divide by the *optimizer step's* totals (`StepTotals`), so a micro-batch's
+loss is its exact share of the step loss: summing the gradients of the micro-batches gives the same
+gradient however the step's samples were split.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PolicyLossKind(enum.StrEnum):
+    REINFORCE = "reinforce"
+    """Truncated importance-sampled REINFORCE: -min(ratio, cap).detach() * A * logp (PipelineRL's default)."""
+    PPO = "ppo"
+    """PPO-clip with per-token ratios: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)."""
+    GSPO = "gspo"
+    """GSPO: one ratio per sequence, exp of the mean per-token log-ratio, clipped like PPO."""
+
+
+class TokenWeighting(enum.StrEnum):
+    TOKEN = "token"
+    """Mean over every completion token of the optimizer step: long sequences weigh more."""
+    SEQUENCE = "sequence"
+    """Mean over each sequence's tokens, then mean over sequences: every sequence weighs the same."""
+    SAMPLE_COUNT = "sample_count"
+    """Sum over tokens divided by the number of samples in the step (PipelineRL's normalisation)."""
+
+
+class LossConfig(BaseModel):
+    """Which policy loss to optimise and how its per-token terms are weighted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: PolicyLossKind = PolicyLossKind.REINFORCE
+    """The policy-gradient objective."""
+    ratio_cap: float = Field(default=1.2, gt=0)
+    """REINFORCE only: importance weights above this are truncated to it. PipelineRL clamps at
+    1 + epsilon_high = 1.2; larger values trust stale tokens more (less bias, more variance)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO only: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    gspo_clip_low: float = Field(default=3e-4, gt=0, lt=1)
+    """GSPO only: lower clip range of the sequence ratio (the GSPO paper's 3e-4)."""
+    gspo_clip_high: float = Field(default=4e-4, gt=0)
+    """GSPO only: upper clip range of the sequence ratio (the GSPO paper's 4e-4)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL penalty to the frozen reference model; 0 needs no reference model."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss); 0 still reports entropy."""
+    weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
+    """How per-token terms are averaged over the optimizer step."""
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Counts over a whole optimizer step, which every micro-batch's loss is normalised by."""
+
+    samples: int
+    """Sequences in the step."""
+    completion_tokens: int
+    """Completion tokens in the step."""
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch, every tensor [sequences, positions] aligned on predicted tokens."""
+
+    logprobs: torch.Tensor
+    """Current policy's logprobs of the tokens, with gradient."""
+    behaviour_logprobs: torch.Tensor
+    """Logprobs under the weights that generated the tokens (from the inference server)."""
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    """Bool: True on completion tokens."""
+    reference_logprobs: torch.Tensor | None = None
+    """Frozen reference model's logprobs; needed when `kl_coef > 0`, reported as KL when given."""
+    entropy: torch.Tensor | None = None
+    """Full-vocabulary entropy of the current distribution at each position (see `entropy_from_logits`);
+    needs gradient when `entropy_coef > 0`."""
+
+
+@dataclass
+class LossStats:
+    """Sums over completion tokens; add the stats of micro-batches, then read the properties."""
+
+    tokens: int = 0
+    loss: float = 0.0
+    """Sum of the micro-batch losses, i.e. the step loss."""
+    clipped_tokens: int = 0
+    """Tokens whose gradient was truncated (REINFORCE) or zeroed by clipping (PPO, GSPO)."""
+    ratio_sum: float = 0.0
+    ratio_sq_sum: float = 0.0
+    kl_tokens: int = 0
+    kl_sum: float = 0.0
+    entropy_tokens: int = 0
+    entropy_sum: float = 0.0
+
+    def __add__(self, other: LossStats) -> LossStats:
+        return LossStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def clip_fraction(self) -> float:
+        return self.clipped_tokens / max(self.tokens, 1)
+
+    @property
+    def mean_ratio(self) -> float:
+        return self.ratio_sum / max(self.tokens, 1)
+
+    @property
+    def ess(self) -> float:
+        """Effective sample size of the per-token importance weights as a fraction: (Σw)² / (n Σw²),
+        1 when on-policy, towards 1/n when a few stale tokens dominate."""
+        if self.ratio_sq_sum == 0:
+            return 1.0
+        return self.ratio_sum**2 / (self.tokens * self.ratio_sq_sum)
+
+    @property
+    def kl(self) -> float | None:
+        return self.kl_sum / self.kl_tokens if self.kl_tokens else None
+
+    @property
+    def entropy(self) -> float | None:
+        return self.entropy_sum / self.entropy_tokens if self.entropy_tokens else None
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    """Scalar: this micro-batch's share of the step loss; call `backward` on it."""
+    stats: LossStats
+
+
+def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> LossOutput:
+    """The micro-batch's loss, normalised by the whole step's `totals`, and its statistics."""
+    mask = inputs.mask
+    if config.needs_reference and inputs.reference_logprobs is None:
+        raise ValueError("kl_coef > 0 needs reference logprobs")
+    # Padding positions can hold any logprob; zeroing their log-ratio keeps exp() finite there.
+    log_ratio = torch.where(mask, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
+    objective, clipped = _objective(config, inputs.logprobs, log_ratio, inputs.advantages, mask)
+    per_token = -objective
+    kl = None
+    if inputs.reference_logprobs is not None:
+        kl = k3_kl(inputs.logprobs, inputs.reference_logprobs)
+        per_token = per_token + config.kl_coef * kl
+    if config.entropy_coef > 0:
+        if inputs.entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy of the current logits")
+        per_token = per_token - config.entropy_coef * inputs.entropy
+    weights = token_weights(mask, config.weighting, totals)
+    loss = torch.where(mask, per_token * weights, 0.0).sum()
+    return LossOutput(loss, _stats(loss, log_ratio, clipped, mask, kl, inputs.entropy))
+
+
+def _objective(
+    config: LossConfig,
+    logprobs: torch.Tensor,
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token objective to maximise, and which tokens it clipped."""
+    if config.kind is PolicyLossKind.REINFORCE:
+        ratio = log_ratio.detach().exp()
+        return ratio.clamp(max=config.ratio_cap) * advantages * logprobs, mask & (ratio > config.ratio_cap)
+    if config.kind is PolicyLossKind.PPO:
+        return _clipped_surrogate(log_ratio.exp(), advantages, 1 - config.clip_eps, 1 + config.clip_eps, mask)
+    # GSPO: the length-normalised sequence log-ratio is shared by all tokens of the sequence.
+    sequence_log_ratio = masked_sequence_mean(log_ratio, mask)[:, None].expand_as(log_ratio)
+    low, high = 1 - config.gspo_clip_low, 1 + config.gspo_clip_high
+    return _clipped_surrogate(sequence_log_ratio.exp(), advantages, low, high, mask)
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic min of the plain and clipped surrogates; `clipped` marks where the clipped
+    one wins with a different value, i.e. where the gradient is zero."""
+    unclipped = ratio * advantages
+    clipped_term = ratio.clamp(low, high) * advantages
+    clipped = mask & (clipped_term < unclipped)
+    return torch.minimum(unclipped, clipped_term), clipped
+
+
+def token_weights(mask: torch.Tensor, weighting: TokenWeighting, totals: StepTotals) -> torch.Tensor:
+    """Weight of each token in the step loss; the weights over the whole step sum to 1 (sample count:
+    to the mean number of tokens per sample)."""
+    mask = mask.float()
+    if weighting is TokenWeighting.TOKEN:
+        return mask / max(totals.completion_tokens, 1)
+    if weighting is TokenWeighting.SEQUENCE:
+        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+        return mask / (lengths * max(totals.samples, 1))
+    return mask / max(totals.samples, 1)
+
+
+def masked_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` over each row's masked positions: [sequences]; 0 for a row with none."""
+    total = torch.where(mask, values, 0.0).sum(dim=1)
+    return total / mask.sum(dim=1).clamp(min=1)
+
+
+def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(current || reference) per token: exp(d) - d - 1 with
+    d = ref - cur. Non-negative, zero where the two agree, unbiased on tokens sampled from current."""
+    delta = reference_logprobs - logprobs
+    return delta.exp() - delta - 1
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last (vocabulary) dimension, in float32."""
+    logits = logits.float()
+    log_probs = logits.log_softmax(dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+@torch.no_grad()
+def _stats(
+    loss: torch.Tensor,
+    log_ratio: torch.Tensor,
+    clipped: torch.Tensor,
+    mask: torch.Tensor,
+    kl: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> LossStats:
+    ratio = log_ratio[mask].exp()
+    tokens = int(mask.sum())
+    return LossStats(
+        tokens=tokens,
+        loss=float(loss),
+        clipped_tokens=int(clipped.sum()),
+        ratio_sum=float(ratio.sum()),
+        ratio_sq_sum=float(ratio.square().sum()),
+        kl_tokens=tokens if kl is not None else 0,
+        kl_sum=float(kl[mask].sum()) if kl is not None else 0.0,
+        entropy_tokens=tokens if entropy is not None else 0,
+        entropy_sum=float(entropy[mask].sum()) if entropy is not None else 0.0,
+    )

@@ -1,0 +1,227 @@
+"""The trainer core: admission, the training loop and weight publishing, behind `TrainerCore`.
+
+    SubmitSamples ──admit──► duplicate? ──► DUPLICATE
+                              future version? ──► REJECTED (INVALID_ARGUMENT naming the field)
+                              lag > max_lag? ──► DROPPED (policy drop) / kept (policy reweight)
+                              └─► ACCEPTED ──► group buffer ── group complete ──► ready groups
+    training loop: ready ≥ samples_per_step ──► learner.step (thread) ──► version + 1
+                   ──► publisher.publish ──► TRAINED acks ──► metrics line ──► checkpoint every N
+
+Samples arrive by group and are trained by whole groups, since advantages are relative to the
+group. A sample dropped for lag still counts toward its group being complete, so a group is never
+held back forever by one stale member. Ids already trained on are remembered (and checkpointed),
+so a coordinator may resend after a crash without anything being trained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelinerl.common.errors import ErrorInfo, InvalidArgument
+from pipelinerl.common.log import bind_context, get_logger
+from pipelinerl.common.publisher import WeightPublisher
+from pipelinerl.common.types import Sample, WeightVersion
+from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
+from pipelinerl.trainer.config import LagPolicy
+from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
+from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+
+log = get_logger(__name__)
+
+AckSink = Callable[[SampleAck], None]
+
+
+@dataclass
+class _Group:
+    size: int
+    arrived: int = 0
+    samples: list[tuple[Sample, AckSink]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainerLoopConfig:
+    samples_per_step: int
+    max_lag: int
+    lag_policy: LagPolicy
+    max_buffered_samples: int
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 50
+    metrics_file: Path | None = None
+
+
+class Trainer:
+    """Implements `TrainerCore` over a `Learner` and a `WeightPublisher`."""
+
+    def __init__(self, learner: Learner, publisher: WeightPublisher, config: TrainerLoopConfig) -> None:
+        self.learner = learner
+        self.publisher = publisher
+        self.config = config
+        self.version = 0
+        self.trained_ids: set[str] = set()
+        self._groups: dict[str, _Group] = {}
+        self._ready: list[_Group] = []
+        self._buffered = 0
+        self._counts = {"dropped": 0, "rejected": 0}
+        self._tokens_per_s = 0.0
+        self._changed = asyncio.Condition()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._checkpointed = 0
+
+    async def start(self) -> None:
+        """Resume from the latest checkpoint if there is one, publish the current version, train."""
+        latest = self._latest_checkpoint()
+        if latest is not None and latest.exists():
+            self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
+            self.trained_ids = set(read_trainer_state(latest).extra_state.get("trained_ids", []))
+            self._checkpointed = self.version
+            log.info("resumed", version=self.version, trained_ids=len(self.trained_ids))
+        bind_context(version=self.version)
+        await self.publisher.publish(self.version, self.learner.state_dict_for_publish())
+        self._loop_task = asyncio.create_task(self._train_forever())
+
+    async def close(self) -> None:
+        """Let a step in progress finish (its acks are out already), then checkpoint and stop."""
+        async with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._checkpointed != self.version:
+            await self._checkpoint()
+
+    # ---- TrainerCore --------------------------------------------------------------------------
+
+    async def admit(self, samples: Sequence[Sample], on_ack: AckSink) -> None:
+        async with self._changed:
+            # Backpressure: stop reading the stream while the buffer is full.
+            await self._changed.wait_for(lambda: self._buffered < self.config.max_buffered_samples)
+            for index, sample in enumerate(samples):
+                self._admit_one(index, sample, on_ack)
+            self._changed.notify_all()
+
+    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+        return self.publisher.watch(receiver)
+
+    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
+        return self.publisher.fetch(version, buckets)
+
+    def status(self) -> TrainerStatus:
+        return TrainerStatus(
+            version=WeightVersion(self.version, self.publisher.config.run_id),
+            buffered_samples=self._buffered,
+            trained_samples=len(self.trained_ids),
+            dropped_samples=self._counts["dropped"],
+            rejected_samples=self._counts["rejected"],
+            tokens_per_s=self._tokens_per_s,
+            watchers=self.publisher.watchers,
+        )
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def _admit_one(self, index: int, sample: Sample, on_ack: AckSink) -> None:
+        group = self._groups.get(sample.group_id)
+        if sample.sample_id in self.trained_ids or (
+            group is not None and any(s.sample_id == sample.sample_id for s, _ in group.samples)
+        ):
+            on_ack(SampleAck(sample.sample_id, Disposition.DUPLICATE, self.version))
+            return
+        if max(sample.completion.versions) > self.version:
+            error = InvalidArgument.field(
+                f"samples[{index}].completion.versions",
+                f"version {max(sample.completion.versions)} is newer than the trainer's {self.version}",
+            )
+            self._counts["rejected"] += 1
+            on_ack(
+                SampleAck(
+                    sample.sample_id, Disposition.REJECTED, self.version, ErrorInfo.from_exception(error)
+                )
+            )
+            return
+        group = self._groups.setdefault(sample.group_id, _Group(sample.group_size))
+        group.arrived += 1
+        lag = self.version - min(sample.completion.versions)
+        if lag > self.config.max_lag and self.config.lag_policy is LagPolicy.DROP:
+            self._counts["dropped"] += 1
+            on_ack(SampleAck(sample.sample_id, Disposition.DROPPED, self.version))
+        else:
+            group.samples.append((sample, on_ack))
+            self._buffered += 1
+            on_ack(SampleAck(sample.sample_id, Disposition.ACCEPTED, self.version))
+        if group.arrived >= group.size:
+            del self._groups[sample.group_id]
+            if group.samples:
+                self._ready.append(group)
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _ready_samples(self) -> int:
+        return sum(len(g.samples) for g in self._ready)
+
+    async def _train_forever(self) -> None:
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(
+                    lambda: self._stopping or self._ready_samples() >= self.config.samples_per_step
+                )
+                if self._stopping:
+                    return
+                batch: list[_Group] = []
+                while self._ready and sum(len(g.samples) for g in batch) < self.config.samples_per_step:
+                    batch.append(self._ready.pop(0))
+            await self._train(batch)
+
+    async def _train(self, groups: list[_Group]) -> None:
+        entries = [entry for group in groups for entry in group.samples]
+        samples = [sample for sample, _ in entries]
+        waited = time.perf_counter()
+        metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
+        if metrics.stepped:
+            self.version += 1
+            bind_context(version=self.version)
+            publish_started = time.perf_counter()
+            await self.publisher.publish(self.version, self.learner.state_dict_for_publish())
+            publish_s = time.perf_counter() - publish_started
+        else:
+            publish_s = 0.0
+        disposition = Disposition.TRAINED if metrics.stepped else Disposition.DROPPED
+        for sample, on_ack in entries:
+            self.trained_ids.add(sample.sample_id)
+            on_ack(SampleAck(sample.sample_id, disposition, self.version))
+        async with self._changed:
+            self._buffered -= len(entries)
+            self._changed.notify_all()
+        self._tokens_per_s = metrics.tokens_per_s
+        self._record(metrics, publish_s, time.perf_counter() - waited)
+        if metrics.stepped and self.version % self.config.checkpoint_every == 0:
+            await self._checkpoint()
+
+    def _record(self, metrics: StepMetrics, publish_s: float, step_s: float) -> None:
+        line = {
+            "version": self.version,
+            "publish_s": publish_s,
+            "step_s": step_s,
+            **dataclasses.asdict(metrics),
+        }
+        line["lag_histogram"] = {str(k): v for k, v in metrics.lag_histogram.items()}
+        log.info("step", version=self.version, reward=round(metrics.reward_mean, 4), samples=metrics.samples,
+                 loss=round(metrics.loss, 5), seconds=round(step_s, 3))  # fmt: skip
+        if self.config.metrics_file is not None:
+            with self.config.metrics_file.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def _latest_checkpoint(self) -> Path | None:
+        return None if self.config.checkpoint_dir is None else self.config.checkpoint_dir / "latest"
+
+    async def _checkpoint(self) -> None:
+        latest = self._latest_checkpoint()
+        if latest is not None:
+            extra = {"trained_ids": sorted(self.trained_ids)}
+            await asyncio.to_thread(self.learner.save_checkpoint, latest, self.version, extra)
+            self._checkpointed = self.version

@@ -1,0 +1,91 @@
+"""The real trainer service on the tiny preset: acks through a step, lag policy, weights that reach
+a receiver, and a resume from checkpoint that trains nothing twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.common.weights import Receiver
+from pipelinerl.trainer.__main__ import build
+from pipelinerl.trainer.client import TrainerClient
+from pipelinerl.trainer.config import TrainerSettings
+from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.types import Disposition, SampleAck
+
+pytestmark = pytest.mark.slow
+
+
+def tokens(i: int, version: int) -> TokenSequence:
+    return TokenSequence([12 + i, 13], [-1.0, -1.5], [version, version])
+
+
+def group(group_id: str, version: int, rewards: Sequence[float]) -> list[Sample]:
+    size = len(rewards)
+    return [
+        Sample(f"{group_id}-{i}", group_id, [1, 10, 11], tokens(i, version), reward, group_size=size)
+        for i, reward in enumerate(rewards)
+    ]
+
+
+async def batches(*groups: list[Sample]) -> AsyncIterator[list[Sample]]:
+    for g in groups:
+        yield g
+
+
+def final(acks: list[SampleAck]) -> dict[str, Disposition]:
+    return {a.sample_id: a.disposition for a in acks if a.disposition.final}
+
+
+def settings(tmp_path: Path) -> TrainerSettings:
+    return TrainerSettings(
+        port=0, run_id="test", samples_per_step=4, max_lag=0, checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_every=1, metrics_file=tmp_path / "metrics.jsonl", learner=LearnerConfig(lr=1e-3),
+    )  # fmt: skip
+
+
+async def test_train_publish_lag_and_resume(tmp_path: Path) -> None:
+    server = await build(settings(tmp_path))
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            acks = [a async for a in client.submit(batches(group("a", 0, [0, 1]), group("b", 0, [0, 1])))]
+            assert final(acks) == dict.fromkeys(["a-0", "a-1", "b-0", "b-1"], Disposition.TRAINED)
+            assert {a.version for a in acks if a.disposition is Disposition.TRAINED} == {1}
+            # The trainer is at version 1 now: version-0 tokens are over max_lag 0, version 2 is the future.
+            acks = [
+                a async for a in client.submit(batches(group("old", 0, [0, 1]), group("future", 2, [0, 1])))
+            ]
+            assert final(acks) == {
+                "old-0": Disposition.DROPPED, "old-1": Disposition.DROPPED,
+                "future-0": Disposition.REJECTED, "future-1": Disposition.REJECTED,
+            }  # fmt: skip
+            rejected = next(a for a in acks if a.sample_id == "future-0")
+            assert (
+                rejected.error is not None
+                and rejected.error.violations[0].field == "samples[0].completion.versions"
+            )
+            notice = await anext(aiter(client.watch_weights(Receiver("inference-0", -1, False))))
+            assert notice.version.version == 1 and notice.version.run_id == "test"
+            status = await client.status()
+            assert (status.trained_samples, status.dropped_samples, status.rejected_samples) == (4, 2, 2)
+    finally:
+        await server.stop(grace=1)
+    [metrics] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        metrics["version"] == 1 and metrics["grad_norm"] > 0 and metrics["lag_histogram"] == {"0": 8}
+    )  # tokens, not samples
+
+    resumed = await build(settings(tmp_path))
+    await resumed.start()
+    try:
+        async with TrainerClient(resumed.address) as client:
+            assert (await client.status()).version.version == 1
+            acks = [a async for a in client.submit(batches(group("a", 1, [0, 1])))]
+            assert final(acks) == {"a-0": Disposition.DUPLICATE, "a-1": Disposition.DUPLICATE}
+    finally:
+        await resumed.stop(grace=1)

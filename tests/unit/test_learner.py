@@ -1,0 +1,190 @@
+"""The torch learner on the tiny preset: it learns a toy task, reports what it did, publishes the
+inference model's parameter names, and resumes exactly from a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.inference.model import build_preset, load_model
+from pipelinerl.trainer.learner import LearnerConfig, TorchLearner, read_trainer_state
+from pipelinerl.trainer.losses import LossConfig
+
+PROMPT = [1, 14, 15]  # <bos> "ab"
+TARGET = 11  # "7": about 2% likely after PROMPT under the seed-0 tiny model
+
+
+class ToySampler:
+    """A stand-in inference server: samples completions from a model and records behaviour
+    logprobs and the version of the weights that produced them."""
+
+    def __init__(self, model: PreTrainedModel, seed: int = 0) -> None:
+        self.model = model
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def groups(self, version: int, groups: int = 4, size: int = 8, length: int = 4) -> list[Sample]:
+        ids = torch.tensor([PROMPT] * (groups * size))
+        logprobs = []
+        for _ in range(length):
+            step = self.model(ids).logits[:, -1].float().log_softmax(-1)
+            token = torch.multinomial(step.exp(), 1, generator=self.generator)
+            logprobs.append(step.gather(-1, token))
+            ids = torch.cat([ids, token], dim=1)
+        completions, behaviour = ids[:, len(PROMPT) :].tolist(), torch.cat(logprobs, dim=1).tolist()
+        samples = []
+        for row, (completion, row_logprobs) in enumerate(zip(completions, behaviour, strict=True)):
+            group_id = f"v{version}/g{row // size}"
+            tokens = TokenSequence(completion, row_logprobs, [version] * length)
+            reward = completion.count(TARGET) / length
+            samples.append(Sample(f"{group_id}/{row % size}", group_id, PROMPT, tokens, reward))
+        return samples
+
+
+def _alternate_rewards(samples: list[Sample]) -> list[Sample]:
+    """Rewards 0, 1, 0, 1... so that no group is flat whatever was sampled."""
+    for i, sample in enumerate(samples):
+        sample.reward = float(i % 2)
+    return samples
+
+
+def _params(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_training_on_a_toy_reward_makes_the_rewarded_token_frequent() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(lr=1e-3))
+    sampler = ToySampler(model)
+
+    rewards = []
+    for version in range(12):
+        # Sample with the weights of every other version, so half the steps train on lag-1 tokens.
+        if version % 2 == 0:
+            samples = sampler.groups(version)
+        rewards.append(learner.step(samples, version).reward_mean)
+
+    # About 2% of tokens at first. Most sampler seeds end near 1, but a policy can also settle on one
+    # completion that holds the target once (reward 0.25), whose groups are then flat, hence the bar.
+    assert rewards[0] < 0.1
+    assert rewards[-1] > 0.2
+
+
+def test_metrics_describe_the_step() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(lr=1e-3, micro_batch_tokens=28))
+    sampled = _alternate_rewards(ToySampler(model, seed=1).groups(version=3, groups=2, size=4))
+    flat = [
+        Sample(f"flat/{i}", "flat", PROMPT, TokenSequence([5, 6], [-1.0, -1.0], [1, 1]), 1.0)
+        for i in range(2)
+    ]
+
+    metrics = learner.step(sampled + flat, current_version=5)
+
+    assert metrics.stepped
+    assert (metrics.samples, metrics.trained_samples) == (10, 8)
+    assert (metrics.groups, metrics.zero_variance_groups) == (3, 1)
+    assert metrics.reward_mean == pytest.approx(6 / 10)
+    assert metrics.lag_histogram == {2: 32}  # 8 completions of 4 tokens from version 3; flat left out
+    assert metrics.completion_tokens == 32
+    assert metrics.tokens == 8 * 7
+    assert metrics.micro_batches == 2  # rows of 7 tokens, at most 4 of them in 28 tokens
+    assert metrics.ess == pytest.approx(1.0, abs=1e-4)  # sampled by these very weights
+    assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-4)
+    assert metrics.clip_fraction == 0.0
+    assert metrics.kl is None
+    assert metrics.entropy is not None and metrics.entropy > 0
+    assert metrics.grad_norm > 0
+    assert metrics.tokens_per_s > 0
+    assert metrics.total_s >= metrics.forward_backward_s + metrics.optimizer_s
+
+
+def test_a_batch_of_zero_variance_groups_leaves_the_weights_alone() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(lr=1e-2))
+    before = _params(model)
+    solved = [Sample(f"s{i}", "g", PROMPT, TokenSequence([5], [-1.0], [0]), 1.0) for i in range(4)]
+
+    metrics = learner.step(solved, current_version=0)
+
+    assert not metrics.stepped
+    assert metrics.zero_variance_groups == 1
+    assert metrics.trained_samples == 0
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+def test_kl_to_the_reference_starts_at_zero_and_grows_as_the_policy_moves() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(lr=1e-2, loss=LossConfig(kl_coef=0.1)))
+    sampler = ToySampler(model, seed=2)
+
+    first = learner.step(_alternate_rewards(sampler.groups(0, groups=2)), current_version=0)
+    second = learner.step(_alternate_rewards(sampler.groups(1, groups=2)), current_version=1)
+
+    assert first.kl == pytest.approx(0.0, abs=1e-6)
+    assert second.kl is not None and second.kl > 1e-4
+
+
+def test_gradient_checkpointing_does_not_change_the_step() -> None:
+    samples = _alternate_rewards(ToySampler(build_preset("tiny", seed=0).model, seed=3).groups(0, groups=2))
+    results = []
+    for checkpointing in (False, True):
+        model = build_preset("tiny", seed=0).model
+        TorchLearner(model, LearnerConfig(lr=1e-3, gradient_checkpointing=checkpointing)).step(samples, 0)
+        assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) == checkpointing
+        results.append(torch.cat([p.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_published_weights_carry_the_inference_models_names_and_the_new_values() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(lr=1e-2))
+    initial = {name: t.clone() for name, t in learner.state_dict_for_publish().items()}
+
+    learner.step(_alternate_rewards(ToySampler(model, seed=4).groups(0, groups=2)), current_version=0)
+    published = learner.state_dict_for_publish()
+
+    assert list(published) == [name for name, _ in build_preset("tiny").model.named_parameters()]
+    assert not torch.equal(published["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
+
+
+def test_checkpoint_round_trip_restores_weights_optimizer_and_version(tmp_path: Path) -> None:
+    loaded = build_preset("tiny", seed=0)
+    learner = TorchLearner(loaded.model, LearnerConfig(lr=1e-3), tokenizer=loaded.tokenizer)
+    sampler = ToySampler(loaded.model, seed=5)
+    for version in range(2):
+        learner.step(_alternate_rewards(sampler.groups(version, groups=2)), version)
+    learner.save_checkpoint(tmp_path / "ckpt", version=2, extra_state={"trained_ids": ["a", "b"]})
+
+    resumed = TorchLearner(build_preset("tiny", seed=7).model, LearnerConfig(lr=1e-3))
+    version = resumed.load_checkpoint(tmp_path / "ckpt")
+
+    assert version == 2
+    assert read_trainer_state(tmp_path / "ckpt").extra_state == {"trained_ids": ["a", "b"]}
+    for name, param in resumed.model.named_parameters():
+        assert torch.equal(param, dict(learner.model.named_parameters())[name]), name
+    original_state = learner.optimizer.state_dict()["state"]
+    for index, state in resumed.optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, original_state[index][key]), (index, key)
+    # The same next step from both gives the same weights, which needs Adam's moments and step count.
+    samples = _alternate_rewards(sampler.groups(2, groups=2))
+    learner.step(samples, 2)
+    resumed.step(samples, 2)
+    for name, param in resumed.model.named_parameters():
+        assert torch.equal(param, dict(learner.model.named_parameters())[name]), name
+    # An HF directory that the inference service loads as it is.
+    served = load_model(tmp_path / "ckpt").model
+    assert torch.equal(served.lm_head.weight, served.model.embed_tokens.weight)
+
+
+def test_saving_again_replaces_the_checkpoint(tmp_path: Path) -> None:
+    learner = TorchLearner(build_preset("tiny", seed=0).model)
+    learner.save_checkpoint(tmp_path / "ckpt", version=1)
+    learner.save_checkpoint(tmp_path / "ckpt", version=2)
+    assert read_trainer_state(tmp_path / "ckpt").version == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
