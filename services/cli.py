@@ -18,6 +18,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
 # Services with a real core to serve; each module has `serve(config_file, cli_args)`.
 SERVICES = {
+    "coordinator": "pipelinerl.coordinator.__main__",
     "inference": "pipelinerl.inference.__main__",
     "reward": "pipelinerl.reward.__main__",
     "trainer": "pipelinerl.trainer.__main__",

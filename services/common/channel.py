@@ -112,6 +112,11 @@ def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
     options = [
         *channel_options(config.max_message_bytes),
         ("grpc.enable_retries", 1),
+        # gRPC's own reconnect backoff grows to minutes by default; a restarted peer should be
+        # found again within the same bound as retries.
+        ("grpc.initial_reconnect_backoff_ms", int(config.initial_backoff_s * 1000)),
+        ("grpc.min_reconnect_backoff_ms", int(config.initial_backoff_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
         ("grpc.service_config", _service_config(config)),
     ]
     interceptors = [_DefaultsInterceptor(config), _TokenInterceptor(config.auth_token)]

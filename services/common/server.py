@@ -143,6 +143,7 @@ class GrpcServer:
     """Called on shutdown before the grace period starts, e.g. to end long-lived streams politely."""
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """Called after the server stopped, e.g. to release engines and process pools."""
+
     port: int = 0
     _server: grpc.aio.Server | None = None
     _health: HealthServicer = field(default_factory=HealthServicer)

@@ -79,6 +79,7 @@ class GenerateSession:
         submission = pb.Submission(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
+            prompt_text=request.prompt_text,
             sampling=convert.sampling_to_proto(request.sampling),
             stream_tokens=on_delta is not None,
         )

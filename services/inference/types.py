@@ -18,8 +18,10 @@ from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence,
 class GenerationRequest:
     request_id: str
     prompt_token_ids: list[int]
+    """Empty when a client sends `prompt_text`; the server tokenizes it before the engine sees it."""
     sampling: SamplingParams
     stream_tokens: bool = False
+    prompt_text: str = ""
 
 
 @dataclass

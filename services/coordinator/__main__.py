@@ -1,0 +1,64 @@
+"""`python -m pipelinerl.coordinator [--config FILE] [--flags]` (or `pipelinerl serve coordinator`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from pipelinerl.common.channel import ChannelConfig
+from pipelinerl.common.log import configure_logging
+from pipelinerl.common.server import GrpcServer
+from pipelinerl.coordinator.config import CoordinatorSettings
+
+
+async def build(settings: CoordinatorSettings) -> GrpcServer:
+    """The coordinator with its journal and clients; runs start with StartRun. Async because gRPC
+    channels belong to the event loop that creates them."""
+    from pipelinerl.coordinator.journal import Journal
+    from pipelinerl.coordinator.manager import Coordinator
+    from pipelinerl.coordinator.pool import InferencePool
+    from pipelinerl.coordinator.server import registration
+    from pipelinerl.coordinator.submitter import TrainerSubmitter
+    from pipelinerl.reward.client import RewardClient
+    from pipelinerl.trainer.client import TrainerClient
+
+    def channel(address: str) -> ChannelConfig:
+        return ChannelConfig(address, auth_token=settings.services_auth_token)
+
+    journal = Journal(settings.journal_path)
+    pool = InferencePool([channel(a) for a in settings.inference_addresses])
+    reward = RewardClient(channel(settings.reward_address))
+    trainer = TrainerClient(channel(settings.trainer_address))
+    submitter = TrainerSubmitter(trainer)
+    coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer)
+
+    await pool.start()
+    submitter.start()
+
+    async def close() -> None:
+        await coordinator.close()
+        await submitter.close()
+        await pool.close()
+        await reward.close()
+        await trainer.close()
+        journal.close()
+
+    return GrpcServer(settings, [registration(coordinator)], on_drain=[coordinator.close], on_close=[close])
+
+
+async def _serve(settings: CoordinatorSettings) -> None:
+    server = await build(settings)
+    await server.serve_until_signal()
+
+
+def serve(config_file: Path | None, cli_args: list[str]) -> None:
+    settings = CoordinatorSettings.load(config_file, cli_args)
+    configure_logging("coordinator", settings.log_format, settings.log_level)
+    asyncio.run(_serve(settings))
+
+
+if __name__ == "__main__":
+    from pipelinerl.cli import split_config_flag
+
+    serve(*split_config_flag(sys.argv[1:]))

@@ -1,0 +1,31 @@
+"""Settings of the coordinator (env `PIPELINERL_COORDINATOR_*`, `--flags`, or a YAML/TOML file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from pipelinerl.common.settings import ServiceSettings
+
+
+class CoordinatorSettings(ServiceSettings):
+    """The coordinator: drives runs through inference, reward and trainer, journalling every attempt."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINERL_COORDINATOR_")
+
+    port: int = Field(default=50050, ge=0, le=65535)
+    """Port to bind; 0 picks a free one."""
+    inference_addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
+    """`host:port` of every inference server; attempts go to the least loaded one with room."""
+    reward_address: str = "127.0.0.1:50053"
+    """`host:port` of the reward service."""
+    trainer_address: str = "127.0.0.1:50052"
+    """`host:port` of the trainer."""
+    services_auth_token: str | None = None
+    """Bearer token the other services expect, if they need one."""
+    journal_path: Path = Path("coordinator.sqlite")
+    """SQLite journal of every attempt (WAL); a restarted coordinator resumes its runs from it."""
+    tokenizer: str | None = None
+    """Local HF tokenizer directory whose chat template wraps the prompts of file datasets."""

@@ -1,0 +1,242 @@
+"""The coordinator's journal: every attempt's state in SQLite (WAL), so a restart resumes a run
+with no attempt lost and none trained twice.
+
+    created ──► dispatched ──► generated ──► scored ──► acked (final: trained, dropped, ...)
+      (group row holds the prompt, answer and verifier; the run row holds the dataset cursor)
+
+On restart, a group resumes from the earliest state of its attempts: attempts not yet generated
+are generated again (their id is kept), generated ones are scored, scored ones are resubmitted
+(the trainer acks an id it has already trained on as DUPLICATE).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelinerl.common.types import FinishReason, TokenSequence
+
+STATES = ("created", "dispatched", "generated", "scored", "acked")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    next_prompt INTEGER NOT NULL DEFAULT 0,
+    started_at REAL NOT NULL,
+    error TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS groups (
+    group_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    prompt_index INTEGER NOT NULL,
+    prompt TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    verifier TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    sample_id TEXT PRIMARY KEY,
+    group_id TEXT NOT NULL REFERENCES groups(group_id),
+    state TEXT NOT NULL,
+    server TEXT NOT NULL DEFAULT '',
+    prompt_token_ids TEXT,
+    completion TEXT,
+    text TEXT,
+    finish_reason TEXT,
+    reward REAL,
+    correct INTEGER,
+    disposition TEXT,
+    version INTEGER,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS attempts_by_group ON attempts(group_id);
+"""
+
+
+@dataclass
+class AttemptRecord:
+    sample_id: str
+    state: str
+    prompt_token_ids: list[int] | None = None
+    completion: TokenSequence | None = None
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    reward: float | None = None
+    correct: bool = False
+
+
+@dataclass
+class GroupRecord:
+    group_id: str
+    prompt_index: int
+    prompt: str
+    answer: str
+    verifier: str
+    attempts: list[AttemptRecord]
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    spec: dict[str, object]
+    state: str
+    next_prompt: int
+    started_at: float
+    error: str
+
+
+class Journal:
+    def __init__(self, path: Path | str) -> None:
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- runs ---------------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        row = self._db.execute(
+            "SELECT run_id, spec, state, next_prompt, started_at, error FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], row[5])
+
+    def create_run(self, run_id: str, spec: dict[str, object]) -> RunRecord:
+        self._db.execute(
+            "INSERT INTO runs (run_id, spec, state, started_at) VALUES (?, ?, 'running', ?)",
+            (run_id, json.dumps(spec), time.time()),
+        )
+        record = self.get_run(run_id)
+        assert record is not None
+        return record
+
+    def set_run_state(self, run_id: str, state: str, error: str = "") -> None:
+        self._db.execute("UPDATE runs SET state = ?, error = ? WHERE run_id = ?", (state, error, run_id))
+
+    # ---- groups and attempts ------------------------------------------------------------------
+
+    def add_group(self, run_id: str, group: GroupRecord) -> None:
+        """Record a new group and advance the run's dataset cursor past it, atomically."""
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?)",
+                (group.group_id, run_id, group.prompt_index, group.prompt, group.answer, group.verifier),
+            )
+            self._db.executemany(
+                "INSERT INTO attempts (sample_id, group_id, state, updated_at) VALUES (?, ?, 'created', ?)",
+                [(a.sample_id, group.group_id, now) for a in group.attempts],
+            )
+            self._db.execute(
+                "UPDATE runs SET next_prompt = MAX(next_prompt, ?) WHERE run_id = ?",
+                (group.prompt_index + 1, run_id),
+            )
+
+    def mark_dispatched(self, sample_id: str, server: str) -> None:
+        self._db.execute(
+            "UPDATE attempts SET state = 'dispatched', server = ?, updated_at = ? WHERE sample_id = ?",
+            (server, time.time(), sample_id),
+        )
+
+    def mark_generated(
+        self,
+        sample_id: str,
+        prompt_token_ids: Sequence[int],
+        completion: TokenSequence,
+        text: str,
+        reason: FinishReason,
+        server: str,
+    ) -> None:
+        tokens = {
+            "token_ids": completion.token_ids,
+            "logprobs": completion.logprobs,
+            "versions": completion.versions,
+        }
+        self._db.execute(
+            "UPDATE attempts SET state = 'generated', prompt_token_ids = ?, completion = ?, text = ?,"
+            " finish_reason = ?, server = ?, updated_at = ? WHERE sample_id = ?",
+            (
+                json.dumps(list(prompt_token_ids)),
+                json.dumps(tokens),
+                text,
+                reason.value,
+                server,
+                time.time(),
+                sample_id,
+            ),
+        )
+
+    def mark_scored(self, scores: Sequence[tuple[str, float, bool]]) -> None:
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE attempts SET state = 'scored', reward = ?, correct = ?, updated_at = ?"
+                " WHERE sample_id = ?",
+                [(reward, int(correct), now, sample_id) for sample_id, reward, correct in scores],
+            )
+
+    def mark_acked(self, sample_id: str, disposition: str, version: int) -> None:
+        self._db.execute(
+            "UPDATE attempts SET state = 'acked', disposition = ?, version = ?, updated_at = ?"
+            " WHERE sample_id = ?",
+            (disposition, version, time.time(), sample_id),
+        )
+
+    def unfinished_groups(self, run_id: str) -> Iterator[GroupRecord]:
+        """Groups with at least one attempt not yet acked, in prompt order."""
+        rows = self._db.execute(
+            "SELECT g.group_id, g.prompt_index, g.prompt, g.answer, g.verifier FROM groups g"
+            " WHERE g.run_id = ? AND EXISTS"
+            " (SELECT 1 FROM attempts a WHERE a.group_id = g.group_id AND a.state != 'acked')"
+            " ORDER BY g.prompt_index",
+            (run_id,),
+        ).fetchall()
+        for group_id, prompt_index, prompt, answer, verifier in rows:
+            yield GroupRecord(group_id, prompt_index, prompt, answer, verifier, self._attempts(group_id))
+
+    def _attempts(self, group_id: str) -> list[AttemptRecord]:
+        rows = self._db.execute(
+            "SELECT sample_id, state, prompt_token_ids, completion, text, finish_reason, reward, correct"
+            " FROM attempts WHERE group_id = ? ORDER BY sample_id",
+            (group_id,),
+        ).fetchall()
+        records = []
+        for sample_id, state, prompt_ids, completion, text, reason, reward, correct in rows:
+            tokens = TokenSequence(**json.loads(completion)) if completion else None
+            records.append(
+                AttemptRecord(
+                    sample_id=sample_id,
+                    state=state,
+                    prompt_token_ids=json.loads(prompt_ids) if prompt_ids else None,
+                    completion=tokens,
+                    text=text or "",
+                    finish_reason=FinishReason(reason) if reason else None,
+                    reward=reward,
+                    correct=bool(correct),
+                )
+            )
+        return records
+
+    def counts(self, run_id: str) -> dict[str, int]:
+        """Attempts per state (and per final disposition, as `acked:<disposition>`)."""
+        rows = self._db.execute(
+            "SELECT a.state, a.disposition, COUNT(*) FROM attempts a JOIN groups g ON a.group_id = g.group_id"
+            " WHERE g.run_id = ? GROUP BY a.state, a.disposition",
+            (run_id,),
+        ).fetchall()
+        counts: dict[str, int] = {}
+        for state, disposition, n in rows:
+            key = f"acked:{disposition}" if state == "acked" else state
+            counts[key] = counts.get(key, 0) + n
+        return counts

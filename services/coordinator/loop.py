@@ -1,0 +1,255 @@
+"""One RL run: prompts become groups of attempts that flow through inference, reward and trainer.
+
+    problems ──► group of G attempts (journal: created) ──► InferencePool.generate ×G (dispatched,
+    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.submit ──► final acks (acked)
+
+Pipeline mode keeps up to `max_in_flight` attempts moving at once, so generation never waits for
+training: weights change under running generations. Sync mode is the conventional baseline on
+the same services: a round of `max_in_flight` attempts is generated with one weight version,
+scored, trained on, and the next round starts only once every inference server has the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import FinishReason, Sample
+from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.submitter import TrainerSubmitter
+from pipelinerl.coordinator.tasks import Problem
+from pipelinerl.coordinator.types import Mode, Progress, RunSpec, ServerVersion
+from pipelinerl.inference.types import GenerationRequest
+from pipelinerl.reward.client import RewardClient
+from pipelinerl.reward.types import ScoreItem
+from pipelinerl.trainer.types import Disposition
+
+log = get_logger(__name__)
+
+WINDOW = 256  # samples in the moving averages of reward, correctness and lag
+RETRY_S = 1.0
+
+
+@dataclass
+class _Counters:
+    dispatched: int = 0
+    generated: int = 0
+    scored: int = 0
+    trained: int = 0
+    dropped: int = 0
+    finished: int = 0
+
+
+class RunLoop:
+    def __init__(
+        self,
+        run_id: str,
+        spec: RunSpec,
+        journal: Journal,
+        pool: InferencePool,
+        reward: RewardClient,
+        submitter: TrainerSubmitter,
+        problems: Iterator[tuple[int, Problem]],
+    ) -> None:
+        self.run_id = run_id
+        self.spec = spec
+        self._journal = journal
+        self._pool = pool
+        self._reward = reward
+        self._submitter = submitter
+        self._problems = problems
+        self._counts = _Counters()
+        self._rewards: deque[float] = deque(maxlen=WINDOW)
+        self._correct: deque[bool] = deque(maxlen=WINDOW)
+        self._lags: deque[float] = deque(maxlen=WINDOW)
+        self._trained_at: deque[tuple[float, int]] = deque(maxlen=64)
+        self._in_flight = 0
+        self._slots = asyncio.Condition()
+        self._failure: BaseException | None = None
+        self.stopping = False
+
+    # ---- progress -----------------------------------------------------------------------------
+
+    def progress(self) -> Progress:
+        c = self._counts
+        return Progress(
+            dispatched=c.dispatched,
+            generated=c.generated,
+            scored=c.scored,
+            trained=c.trained,
+            dropped=c.dropped,
+            samples_per_s=self._samples_per_s(),
+            reward_mean=statistics.fmean(self._rewards) if self._rewards else 0.0,
+            correct_fraction=statistics.fmean(self._correct) if self._correct else 0.0,
+            lag_mean=statistics.fmean(self._lags) if self._lags else 0.0,
+            trainer_version=self._submitter.latest_version,
+            servers=tuple(ServerVersion(a, v, n) for a, v, n in self._pool.snapshot()),
+        )
+
+    def _samples_per_s(self) -> float:
+        if len(self._trained_at) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._trained_at[0], self._trained_at[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+    # ---- driving ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Resume unfinished groups, then dispatch until max_samples, the dataset's end or a stop."""
+        resumed = list(self._journal.unfinished_groups(self.run_id))
+        if resumed:
+            log.info("resuming groups from the journal", groups=len(resumed))
+        tasks = {asyncio.create_task(self._run_group(group)) for group in resumed}
+        self._in_flight += sum(len(g.attempts) for g in resumed)
+        if self.spec.mode is Mode.SYNC:
+            await asyncio.gather(*tasks)
+            tasks = set()
+        group_size = self.spec.group_size
+        while not self._done_dispatching():
+            if self.spec.mode is Mode.SYNC:
+                await self._sync_round()
+                continue
+            async with self._slots:
+                await self._slots.wait_for(lambda: self._in_flight + group_size <= self.spec.max_in_flight)
+                self._in_flight += group_size
+            group = self._new_group()
+            if group is None:
+                break
+            task = asyncio.create_task(self._run_group(group))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+        if self._failure is not None:
+            raise self._failure
+
+    def _done_dispatching(self) -> bool:
+        budget = self.spec.max_samples
+        return self.stopping or (budget > 0 and self._counts.dispatched >= budget)
+
+    async def _sync_round(self) -> None:
+        groups = []
+        for _ in range(max(self.spec.max_in_flight // self.spec.group_size, 1)):
+            if self._done_dispatching() or (group := self._new_group()) is None:
+                break
+            groups.append(group)
+        await asyncio.gather(*(self._run_group(g) for g in groups))
+        # The next round generates only with the weights trained on this one.
+        await self._pool.wait_for_version(self._submitter.latest_version)
+
+    def _new_group(self) -> GroupRecord | None:
+        try:
+            index, problem = next(self._problems)
+        except StopIteration:
+            return None
+        group_id = f"{self.run_id}-p{index}"
+        attempts = [AttemptRecord(f"{group_id}-a{i}", "created") for i in range(self.spec.group_size)]
+        group = GroupRecord(group_id, index, problem.prompt, problem.answer, problem.verifier, attempts)
+        self._journal.add_group(self.run_id, group)
+        self._counts.dispatched += len(attempts)
+        return group
+
+    async def _release(self, attempts: int) -> None:
+        async with self._slots:
+            self._in_flight -= attempts
+            self._counts.finished += attempts
+            self._slots.notify_all()
+
+    # ---- one group ----------------------------------------------------------------------------
+
+    async def _run_group(self, group: GroupRecord) -> None:
+        try:
+            pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
+            await asyncio.gather(*(self._generate(group, a) for a in pending))
+            usable = [a for a in group.attempts if a.completion is not None and a.state != "acked"]
+            await self._score(group, [a for a in usable if a.state == "generated"])
+            await self._train(group, [a for a in usable if a.state == "scored"])
+        except Exception as exc:  # unexpected: stop dispatching and fail the run with it
+            log.exception("group failed", group_id=group.group_id)
+            self._failure = self._failure or exc
+            self.stopping = True
+        finally:
+            await self._release(len(group.attempts))
+
+    async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
+        self._journal.mark_dispatched(attempt.sample_id, "")
+        request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
+        try:
+            server, completion = await self._pool.generate(request)
+        except PipelineError as exc:  # e.g. a prompt the model cannot take: this attempt is lost, not the run
+            log.warning("attempt failed", sample_id=attempt.sample_id, code=exc.code, error=exc.message)
+            self._journal.mark_acked(attempt.sample_id, f"failed:{exc.code}", -1)
+            attempt.state = "acked"
+            return
+        self._journal.mark_generated(
+            attempt.sample_id, completion.prompt_token_ids, completion.tokens, completion.text,
+            completion.finish_reason, server,
+        )  # fmt: skip
+        attempt.state, attempt.completion = "generated", completion.tokens
+        attempt.prompt_token_ids, attempt.text = completion.prompt_token_ids, completion.text
+        attempt.finish_reason = completion.finish_reason
+        self._counts.generated += 1
+
+    async def _score(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
+        if not attempts:
+            return
+        items = [ScoreItem(a.sample_id, group.prompt, a.text, group.answer, group.verifier) for a in attempts]
+        while True:
+            try:
+                results = await self._reward.score(items, timeout_s=60)
+                break
+            except PipelineError as exc:
+                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    raise
+                log.warning("reward service unavailable; retrying", error=exc.message)
+                await asyncio.sleep(RETRY_S)
+        scored = []
+        for attempt, result in zip(attempts, results, strict=True):
+            if result.error is not None or result.reward is None:
+                log.warning("sample not scored", sample_id=attempt.sample_id, error=result.error)
+                self._journal.mark_acked(
+                    attempt.sample_id, f"unscored:{result.error.code if result.error else ''}", -1
+                )
+                attempt.state = "acked"
+                continue
+            correct = any(d.verifier == group.verifier and d.score >= 1.0 for d in result.details)
+            attempt.state, attempt.reward, attempt.correct = "scored", result.reward, correct
+            scored.append((attempt.sample_id, result.reward, correct))
+            self._rewards.append(result.reward)
+            self._correct.append(correct)
+        self._journal.mark_scored(scored)
+        self._counts.scored += len(scored)
+
+    async def _train(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
+        if not attempts:
+            return
+        samples = [
+            Sample(
+                a.sample_id,
+                group.group_id,
+                a.prompt_token_ids or [],
+                a.completion,
+                a.reward or 0.0,
+                a.finish_reason or FinishReason.STOP,
+                group_size=len(attempts),
+            )
+            for a in attempts
+            if a.completion is not None
+        ]
+        acks = await self._submitter.submit(samples)
+        for sample in samples:
+            ack = acks[sample.sample_id]
+            self._journal.mark_acked(sample.sample_id, ack.disposition.value, ack.version)
+            if ack.disposition is Disposition.TRAINED:
+                self._counts.trained += 1
+                trained_at = ack.version - 1
+                self._lags.append(statistics.fmean(trained_at - v for v in sample.completion.versions))
+            elif ack.disposition is Disposition.DROPPED:
+                self._counts.dropped += 1
+        self._trained_at.append((time.monotonic(), self._counts.trained))

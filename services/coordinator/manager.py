@@ -1,0 +1,147 @@
+"""The coordinator core behind `CoordinatorCore`: runs by id, each driven by a `RunLoop` task.
+
+StartRun is idempotent: a run id known to the journal resumes where it stopped (a stopped run,
+or one cut short by a crash); a running one is returned as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+from pipelinerl.common.errors import FailedPrecondition, NotFound
+from pipelinerl.common.log import bind_context, get_logger
+from pipelinerl.common.types import SamplingParams
+from pipelinerl.coordinator.datasets import open_problems
+from pipelinerl.coordinator.journal import Journal
+from pipelinerl.coordinator.loop import RunLoop
+from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.submitter import TrainerSubmitter
+from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
+from pipelinerl.reward.client import RewardClient
+
+log = get_logger(__name__)
+
+WATCH_EVERY_S = 1.0
+_FINAL = (RunState.STOPPED, RunState.COMPLETED, RunState.FAILED)
+
+
+def spec_to_json(spec: RunSpec) -> dict[str, object]:
+    data = dataclasses.asdict(spec)
+    data["mode"] = spec.mode.value
+    data["sampling"]["stop_token_ids"] = list(spec.sampling.stop_token_ids)
+    data["sampling"]["stop"] = list(spec.sampling.stop)
+    return data
+
+
+def spec_from_json(data: dict[str, object]) -> RunSpec:
+    sampling = dict(data["sampling"])  # type: ignore[call-overload]
+    sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
+    sampling["stop"] = tuple(sampling["stop"])
+    fields = {**data, "sampling": SamplingParams(**sampling), "mode": Mode(data["mode"])}
+    return RunSpec(**fields)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class _Run:
+    run_id: str
+    spec: RunSpec
+    loop: RunLoop
+    started_at: datetime
+    state: RunState = RunState.RUNNING
+    error: str = ""
+    task: asyncio.Task[None] | None = None
+
+
+class Coordinator:
+    def __init__(
+        self,
+        journal: Journal,
+        pool: InferencePool,
+        reward: RewardClient,
+        submitter: TrainerSubmitter,
+        tokenizer: str | None = None,
+    ) -> None:
+        self._journal = journal
+        self._pool = pool
+        self._reward = reward
+        self._submitter = submitter
+        self._tokenizer = tokenizer
+        self._runs: dict[str, _Run] = {}
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop every run, letting attempts in flight finish for up to `timeout_s`; the journal
+        keeps whatever did not, for the next StartRun."""
+        running = [run_id for run_id, run in self._runs.items() if run.state is RunState.RUNNING]
+        stopping = asyncio.gather(*(self.stop_run(run_id) for run_id in running))
+        try:
+            await asyncio.wait_for(stopping, timeout_s)
+        except TimeoutError:
+            log.warning("runs did not stop in time; the journal resumes them", runs=running)
+
+    async def start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
+        run = self._runs.get(run_id)
+        if run is not None and run.state in (RunState.RUNNING, RunState.STOPPING):
+            return self._info(run)
+        record = self._journal.get_run(run_id)
+        if record is None:
+            record = self._journal.create_run(run_id, spec_to_json(spec))
+        else:
+            spec = spec_from_json(record.spec)  # a resumed run keeps the spec it started with
+            self._journal.set_run_state(run_id, RunState.RUNNING.value)
+        problems = open_problems(spec.dataset, spec.seed, record.next_prompt, self._tokenizer)
+        loop = RunLoop(run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems)
+        run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
+        run.task = asyncio.create_task(self._drive(run))
+        self._runs[run_id] = run
+        log.info("run started", run_id=run_id, dataset=spec.dataset, mode=spec.mode.value)
+        return self._info(run)
+
+    def get_run(self, run_id: str) -> RunInfo:
+        return self._info(self._run(run_id))
+
+    async def stop_run(self, run_id: str) -> RunInfo:
+        run = self._run(run_id)
+        if run.state in _FINAL:
+            return self._info(run)
+        run.state = RunState.STOPPING
+        run.loop.stopping = True
+        if run.task is not None:
+            await asyncio.shield(run.task)
+        return self._info(run)
+
+    async def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
+        run = self._run(run_id)
+        while True:
+            yield self._info(run)
+            if run.state in _FINAL:
+                return
+            await asyncio.sleep(WATCH_EVERY_S)
+
+    def _run(self, run_id: str) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            if self._journal.get_run(run_id) is not None:
+                raise FailedPrecondition(
+                    f"run {run_id!r} is in the journal but not running; StartRun resumes it"
+                )
+            raise NotFound(f"no run {run_id!r}")
+        return run
+
+    def _info(self, run: _Run) -> RunInfo:
+        return RunInfo(run.run_id, run.spec, run.state, run.loop.progress(), run.started_at, run.error)
+
+    async def _drive(self, run: _Run) -> None:
+        bind_context(run=run.run_id)
+        try:
+            await run.loop.run()
+            run.state = RunState.STOPPED if run.state is RunState.STOPPING else RunState.COMPLETED
+        except Exception as exc:
+            log.exception("run failed", run_id=run.run_id)
+            run.state, run.error = RunState.FAILED, str(exc)
+        self._journal.set_run_state(run.run_id, run.state.value, run.error)
+        log.info(
+            "run ended", run_id=run.run_id, state=run.state.value, **dataclasses.asdict(run.loop.progress())
+        )
