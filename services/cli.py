@@ -1,6 +1,8 @@
 """The `pipelinerl` command.
 
+    pipelinerl run [--config FILE] [--<setting> VALUE ...]
     pipelinerl serve <service> [--config FILE] [--<setting> VALUE ...]
+    pipelinerl health HOST:PORT
 
 Each service's settings are its flags (`pipelinerl serve reward --help` lists them, with their
 documentation); environment variables `PIPELINERL_<SERVICE>_<SETTING>` and a YAML/TOML file given
@@ -78,3 +80,31 @@ def health(
     serving = asyncio.run(wait_until_serving(address, service, wait, auth_token))
     typer.echo(f"{address} {service or '(server)'}: {'SERVING' if serving else 'NOT SERVING'}")
     raise typer.Exit(0 if serving else 1)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
+def run(ctx: typer.Context) -> None:
+    """One local RL run: every service as a process, driven to its budget, then stopped.
+
+    Settings are flags (`pipelinerl run --help`), `PIPELINERL_RUN_*` variables, or `--config FILE`.
+    """
+    import asyncio
+
+    from pipelinerl.common.log import configure_logging
+    from pipelinerl.launcher.config import RunSettings
+    from pipelinerl.launcher.display import RunDisplay
+    from pipelinerl.launcher.run import launch
+
+    config, settings_args = split_config_flag(list(ctx.args))
+    settings = RunSettings.load(config, settings_args)
+    configure_logging("launcher", "console", "warning")
+    with RunDisplay(settings) as display:
+        result = asyncio.run(launch(settings, display.update))
+    typer.echo(
+        f"{result.state}: final mean reward {result.final_reward:.3f} "
+        f"(exactly correct {result.final_correct:.3f}) after {result.elapsed_s:.0f} s, "
+        f"{result.trained} samples trained ({result.samples_per_s:.1f}/s)"
+    )
+    typer.echo(f"plot: {result.plot_path}\nmetrics: {result.metrics_path}\nlogs: {settings.run_dir}/*.log")

@@ -85,6 +85,7 @@ class PublisherStats:
 class _Watcher:
     receiver_id: str
     accepts_broadcast: bool
+    serial: int
     queue: asyncio.Queue[WeightNotice] = field(default_factory=asyncio.Queue)
 
 
@@ -101,6 +102,7 @@ class WeightPublisher:
         self._group: BroadcastGroup | None = None
         self._membership: tuple[str, ...] = ()
         self._epoch = 0
+        self._registrations = 0
         self._token = uuid.uuid4().hex[:8]
         self._loop_task: asyncio.Task[None] | None = None
         self._layout_plan: WeightLayout | None = None
@@ -148,7 +150,8 @@ class WeightPublisher:
     async def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
         """The current version at once (fetch only: the receiver is not in a group yet), then each new one."""
         receiver_id = receiver.receiver_id
-        watcher = _Watcher(receiver_id, receiver.accepts_broadcast)
+        self._registrations += 1
+        watcher = _Watcher(receiver_id, receiver.accepts_broadcast, self._registrations)
         self._watchers[receiver_id] = watcher  # a reconnecting receiver replaces its old stream
         try:
             if self._latest is not None:
@@ -190,7 +193,11 @@ class WeightPublisher:
             await self._announce(packed)
 
     async def _announce(self, packed: _Packed) -> None:
-        members = sorted(w.receiver_id for w in self._watchers.values() if w.accepts_broadcast)
+        # A receiver that reconnected is a new member even under the same id: its old process group
+        # is gone, so the membership key includes each stream's registration number.
+        members = sorted(
+            f"{w.receiver_id}#{w.serial}" for w in self._watchers.values() if w.accepts_broadcast
+        )
         if self._store is None or not members:
             for watcher in list(self._watchers.values()):
                 watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout))
@@ -200,8 +207,8 @@ class WeightPublisher:
         name = f"{self.config.run_id}-{self._token}-m{self._epoch}"
         for watcher in list(self._watchers.values()):
             rendezvous = None
-            if watcher.receiver_id in self._membership:
-                rendezvous = self._rendezvous(name, 1 + self._membership.index(watcher.receiver_id))
+            if (key := f"{watcher.receiver_id}#{watcher.serial}") in self._membership:
+                rendezvous = self._rendezvous(name, 1 + self._membership.index(key))
             watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout, rendezvous))
         try:
             await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))

@@ -26,8 +26,8 @@ from pipelinerl.common.log import LogFormat
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-class ServiceSettings(BaseSettings):
-    """Settings every gRPC service shares: where it listens, security, limits and logging."""
+class LayeredSettings(BaseSettings):
+    """Settings read from CLI flags > environment > a YAML/TOML file > defaults (see `load`)."""
 
     model_config = SettingsConfigDict(
         use_attribute_docstrings=True,
@@ -37,9 +37,49 @@ class ServiceSettings(BaseSettings):
         env_nested_delimiter="__",
     )
 
-    # Given as `--config` (taken out before flags are parsed) or PIPELINERL_<SERVICE>_CONFIG_FILE.
+    # Given as `--config` (taken out before flags are parsed) or PIPELINERL_<NAME>_CONFIG_FILE.
     config_file: CliSuppress[Path | None] = Field(default=None, exclude=True)
     """YAML (.yaml/.yml) or TOML (.toml) file with values for these settings (`--config`)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # CLI flags, when parsed, are put in front of these by pydantic-settings itself.
+        path = init_settings.init_kwargs.get("config_file")  # type: ignore[attr-defined]
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, _file_source(settings_cls, Path(path)))
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, cli_args: list[str] | None = None, **values: Any) -> Self:
+        """Build the settings from a file, the environment and CLI flags (`--port 50051` ...)."""
+        if config_file is None and (
+            from_env := os.environ.get(f"{cls.model_config.get('env_prefix')}CONFIG_FILE")
+        ):
+            config_file = Path(from_env)
+        if config_file is not None and not Path(config_file).is_file():
+            raise FileNotFoundError(f"config file not found: {config_file}")
+        if cli_args is not None:
+            values["_cli_parse_args"] = cli_args
+            values["_cli_prog_name"] = f"pipelinerl {cls.command_name()}"
+        return cls(config_file=config_file, **values)
+
+    @classmethod
+    def command_name(cls) -> str:
+        """`serve <service>` for services, `run` for the launcher (from the env prefix)."""
+        name = cls.model_config.get("env_prefix", "").removeprefix("PIPELINERL_").rstrip("_").lower()
+        return name if name == "run" else f"serve {name}"
+
+
+class ServiceSettings(LayeredSettings):
+    """Settings every gRPC service shares: where it listens, security, limits and logging."""
+
     host: str = "127.0.0.1"
     """Address to bind. 127.0.0.1 by default; `0.0.0.0` or `[::]` to serve other machines."""
     port: int = Field(default=0, ge=0, le=65535)
@@ -68,40 +108,6 @@ class ServiceSettings(BaseSettings):
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # CLI flags, when parsed, are put in front of these by pydantic-settings itself.
-        path = init_settings.init_kwargs.get("config_file")  # type: ignore[attr-defined]
-        if path is None:
-            return (init_settings, env_settings)
-        return (init_settings, env_settings, _file_source(settings_cls, Path(path)))
-
-    @classmethod
-    def load(cls, config_file: Path | None = None, cli_args: list[str] | None = None, **values: Any) -> Self:
-        """Build the settings from a file, the environment and CLI flags (`--port 50051` ...)."""
-        if config_file is None and (
-            from_env := os.environ.get(f"{cls.model_config.get('env_prefix')}CONFIG_FILE")
-        ):
-            config_file = Path(from_env)
-        if config_file is not None and not Path(config_file).is_file():
-            raise FileNotFoundError(f"config file not found: {config_file}")
-        if cli_args is not None:
-            values["_cli_parse_args"] = cli_args
-            values["_cli_prog_name"] = f"pipelinerl serve {cls.service_name()}"
-        return cls(config_file=config_file, **values)
-
-    @classmethod
-    def service_name(cls) -> str:
-        prefix = cls.model_config.get("env_prefix", "")
-        return prefix.removeprefix("PIPELINERL_").rstrip("_").lower() or "service"
 
 
 def _file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:

@@ -35,6 +35,7 @@ log = get_logger(__name__)
 
 WINDOW = 256  # samples in the moving averages of reward, correctness and lag
 RETRY_S = 1.0
+STOP_GRACE_S = 10.0
 
 
 @dataclass
@@ -117,7 +118,11 @@ class RunLoop:
                 await self._sync_round()
                 continue
             async with self._slots:
-                await self._slots.wait_for(lambda: self._in_flight + group_size <= self.spec.max_in_flight)
+                await self._slots.wait_for(
+                    lambda: self.stopping or self._in_flight + group_size <= self.spec.max_in_flight
+                )
+                if self.stopping:
+                    break
                 self._in_flight += group_size
             group = self._new_group()
             if group is None:
@@ -125,9 +130,27 @@ class RunLoop:
             task = asyncio.create_task(self._run_group(group))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        await asyncio.gather(*tasks)
+        await self._finish(tasks)
         if self._failure is not None:
             raise self._failure
+
+    async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Let groups in flight finish; after a stop, give them `STOP_GRACE_S`, then leave the rest
+        to the journal (a partial trainer batch may never be acked until more samples come)."""
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=STOP_GRACE_S if self.stopping else None)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:
+            log.info("stopped with groups in flight; the journal resumes them", groups=len(pending))
+
+    async def stop(self) -> None:
+        """Stop dispatching; `run` returns once the groups in flight are done (or their grace is up)."""
+        async with self._slots:
+            self.stopping = True
+            self._slots.notify_all()
 
     def _done_dispatching(self) -> bool:
         budget = self.spec.max_samples

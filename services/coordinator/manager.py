@@ -107,7 +107,7 @@ class Coordinator:
         if run.state in _FINAL:
             return self._info(run)
         run.state = RunState.STOPPING
-        run.loop.stopping = True
+        await run.loop.stop()
         if run.task is not None:
             await asyncio.shield(run.task)
         return self._info(run)

@@ -223,11 +223,13 @@ class InferenceEngine:
         started = time.perf_counter()
         for name, tensor in staged.items():
             self._params[name].copy_(tensor)
+        count = len(staged)
+        del staged  # the last reference to the received buffers: freeing them is part of the hold-up
         self._last_swap_s = time.perf_counter() - started
         log.info(
             "weights swapped",
             weight_version=version,
-            tensors=len(staged),
+            tensors=count,
             seconds=round(self._last_swap_s, 4),
         )
 

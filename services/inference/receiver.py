@@ -30,6 +30,7 @@ from pipelinerl.common.weights import Receiver, Rendezvous, WeightChunk, WeightL
 
 log = get_logger(__name__)
 
+# Must return only once the tensors have been copied out: their memory is reused for the next version.
 ApplyWeights = Callable[[WeightVersion, dict[str, torch.Tensor]], Awaitable[None]]
 
 
@@ -71,6 +72,7 @@ class WeightReceiver:
         self._fetch_attempts = fetch_attempts
         self._reconnect_s = reconnect_s
         self._group: BroadcastGroup | None = None
+        self._buckets: list[torch.Tensor] = []
         self.version: WeightVersion | None = None
         self.stats = ReceiverStats()
 
@@ -92,7 +94,7 @@ class WeightReceiver:
         """Receive, verify and apply one version. False (old weights kept) if it could not be had."""
         started = time.perf_counter()
         layout = notice.layout
-        buckets = [torch.empty(b.num_bytes, dtype=torch.uint8) for b in layout.buckets]
+        buckets = self._buckets_for(layout)
         missing = list(range(len(buckets)))
         if notice.broadcast is not None:
             # Joining the broadcast is owed to the group even for a version we would skip.
@@ -129,6 +131,15 @@ class WeightReceiver:
         log.info("weights updated", version=notice.version.version, via="fetch" if missing else "broadcast",
                  seconds=round(self.stats.last_receive_s, 3))  # fmt: skip
         return True
+
+    def _buckets_for(self, layout: WeightLayout) -> list[torch.Tensor]:
+        """Receive buffers, reused from version to version while the layout's sizes hold: fresh
+        memory would page-fault on every write and halve the transfer rate. Reuse is safe because
+        `apply` returns only once the engine has copied a version out of them."""
+        sizes = [b.num_bytes for b in layout.buckets]
+        if [b.numel() for b in self._buckets] != sizes:
+            self._buckets = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        return self._buckets
 
     def _fail(self, version: WeightVersion, reason: str) -> None:
         self.stats.failed_updates += 1

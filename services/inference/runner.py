@@ -38,6 +38,8 @@ class EngineRunner:
         """Set when the server follows a trainer; its counters are reported in `status()`."""
         self._queues: dict[str, asyncio.Queue[GenerationUpdate | Exception]] = {}
         self._failure: Exception | None = None
+        self._version = engine.weight_version
+        self._swapped = asyncio.Event()  # set, in the event loop, whenever the engine's version changes
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,10 +85,16 @@ class EngineRunner:
                 self._wake.set()
 
     async def apply_weights(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
-        """Stage a verified version; the engine swaps it in between two decode steps."""
+        """Stage a verified version and return once the engine has swapped it in (between two
+        decode steps): the caller may then reuse the tensors' memory for the next version."""
         self.engine.load_weights(tensors, version.version)
         self.run_id = version.run_id
         self._wake.set()
+        while self._failure is None and self._version < version.version:
+            self._swapped.clear()
+            await self._swapped.wait()
+        if self._failure is not None:
+            raise Unavailable(f"the engine failed: {self._failure}")
 
     def status(self) -> EngineStatus:
         stats = self.engine.stats()
@@ -115,6 +123,8 @@ class EngineRunner:
                     return
                 if updates:
                     self._loop.call_soon_threadsafe(self._deliver, updates)
+                if self.engine.weight_version != self._version:
+                    self._loop.call_soon_threadsafe(self._on_swapped, self.engine.weight_version)
                 if not self.engine.has_work:
                     break
 
@@ -122,6 +132,11 @@ class EngineRunner:
         self._failure = exc
         for queue in self._queues.values():
             queue.put_nowait(exc)
+        self._swapped.set()
+
+    def _on_swapped(self, version: int) -> None:
+        self._version = version
+        self._swapped.set()
 
     def _deliver(self, updates: list[GenerationUpdate]) -> None:
         for update in updates:

@@ -1,0 +1,545 @@
+"""In-flight weight updates through the real transport, measured against what the bytes cost raw.
+
+Two processes on one machine. The trainer process holds a >= 50M-parameter float32 Llama (random,
+from a seed) behind a real WeightPublisher served over gRPC; the main process runs the built-in
+engine decoding fixed-length requests, with a WeightReceiver following the trainer:
+
+    main process                                         trainer process (spawned)
+    ──────────────────────────────────────────          ─────────────────────────────────────
+    decode thread: engine.step() loop, logs each          ◄─pipe── "publish v"
+      step's end time and weight version                  nudge weights (a stand-in optimizer step)
+    WeightReceiver ◄── WatchWeights (gRPC) ─────────────  WeightPublisher.publish: pack + CRC-32
+                   ◄── gloo broadcast of the buckets ───  announce loop: broadcast to the member
+      verify CRC-32 ──► engine.load_weights(v)            ──pipe─► publisher stats of version v
+      next step swaps v in between two decode steps
+
+Updates are sent one at a time, each once the previous one has been swapped in and decoding has
+gone on a few steps, so every swap is measured on its own. Figures, side by side in one run:
+
+- stall_ms: the longest hold-up of decoding by a swap, the engine's `stats().last_swap_s` (the
+  copy of the staged tensors into the parameters); stall_gap_ms cross-checks it from outside: the
+  gap between the end of the step before a swap and the end of the swapping step, less the median
+  step interval.
+- memcpy_ms: one contiguous torch copy of the same number of bytes in this process, pages touched
+  beforehand, best of --repeats. stall_ratio = stall_ms / memcpy_ms (target <= 1.5).
+- broadcast_gib_per_s: the publisher's own `stats.last_broadcast_gib_per_s` (trainer side, bytes
+  over the time of the bucket broadcasts, measured while the engine decodes), median over updates,
+  sent back over the pipe. raw_broadcast_gib_per_s: a plain `torch.distributed.broadcast` of one
+  tensor of the same size between the same two processes, with nothing else running, median of
+  --repeats, timed on the sender like the publisher. broadcast_ratio = library / raw (target >= 0.8).
+- tokens_lost: tokens asked for minus tokens received over all requests (must be 0);
+  versions_seen_per_request shows that every request decoded across every update.
+
+Diagnostics, to tell the transport's own cost from the machine's: raw_broadcast_decoding_* repeat
+the plain broadcast while the engine decodes a batch (as during the updates), once into a reused
+receive tensor and once (`_fresh`) into a newly allocated one per repeat, as the WeightReceiver
+allocates its buckets per version; inference_page_faults_each counts this process's minor page
+faults from each publish to its swap.
+
+Every process uses --threads torch threads (default 1: the two processes share two cores).
+Progress goes to stderr; the last line of stdout is one JSON object:
+
+    python benchmarks/weight_update.py [--layers 5] [--hidden 1024] [--updates 4] [--max-new 320]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import multiprocessing as mp
+import random
+import resource
+import statistics
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from pipelinerl.common.channel import ChannelConfig
+from pipelinerl.common.errors import FailedPrecondition
+from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
+from pipelinerl.common.server import GrpcServer
+from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.common.types import SamplingParams, WeightVersion
+from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
+from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference.model import build_tokenizer, preset_config
+from pipelinerl.inference.receiver import WeightReceiver
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
+from pipelinerl.trainer.client import TrainerClient
+from pipelinerl.trainer.server import registration
+from pipelinerl.trainer.types import TrainerStatus
+
+log = get_logger("benchmarks.weight_update")
+
+RUN_ID = "bench"
+ALPHABET = "0123456789+-*/= abcdefghijklmnopqrstuvwxyz?"
+LOAD_NEW_TOKENS = 1000
+"""Tokens per request of the decoding load, more than the load lasts (it is aborted after)."""
+WAIT_S = 120.0
+"""Longest wait for any one event (a broadcast, a swap); a slower run is broken, not slow."""
+
+
+# ---- the model, the same on both sides ---------------------------------------------------------
+
+
+def model_config(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    """The `small` preset widened and deepened: head_dim stays 64, the vocabulary the tiny one's,
+    so nearly every parameter sits in the layers the transport moves."""
+    config = preset_config("small", tokenizer)
+    config.update(
+        {
+            "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": args.hidden // 64,
+            "num_key_value_heads": args.hidden // 128,
+        }
+    )
+    return config
+
+
+def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        model = AutoModelForCausalLM.from_config(
+            model_config(args, tokenizer), dtype=torch.float32, attn_implementation="sdpa"
+        )
+    return model.eval()
+
+
+def parameter_bytes(model: PreTrainedModel) -> tuple[int, int]:
+    """(parameters, bytes), each tied tensor counted once, as the publisher sends them."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+
+
+# ---- trainer process ---------------------------------------------------------------------------
+
+
+class PublisherOnlyTrainer:
+    """The weight-serving half of a trainer core: what `registration` needs, no training."""
+
+    def __init__(self, publisher: WeightPublisher) -> None:
+        self.publisher = publisher
+        self.version = 0
+
+    async def admit(self, samples, on_ack) -> None:  # type: ignore[no-untyped-def]
+        raise FailedPrecondition("this benchmark's trainer does not train")
+
+    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+        return self.publisher.watch(receiver)
+
+    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
+        return self.publisher.fetch(version, buckets)
+
+    def status(self) -> TrainerStatus:
+        version = WeightVersion(self.version, RUN_ID)
+        return TrainerStatus(version, 0, 0, 0, 0, 0.0, self.publisher.watchers)
+
+
+def trainer_main(conn: Connection, args: argparse.Namespace) -> None:
+    """Entry point of the spawned trainer process; obeys the main process's messages on `conn`."""
+    configure_logging("trainer")
+    torch.set_num_threads(args.threads)
+    asyncio.run(_serve_trainer(conn, args))
+
+
+async def _serve_trainer(conn: Connection, args: argparse.Namespace) -> None:
+    model = build_model(args, build_tokenizer())
+    publisher = WeightPublisher(PublisherConfig(RUN_ID, broadcast_timeout_s=WAIT_S))
+    await publisher.start()
+    core = PublisherOnlyTrainer(publisher)
+    server = GrpcServer(ServiceSettings(port=0, drain_seconds=1), [registration(core)])
+    await server.start()
+    conn.send(("ready", server.port))
+    try:
+        while True:
+            message = await asyncio.to_thread(conn.recv)
+            if message[0] == "publish":
+                conn.send(await _publish(publisher, model, message[1]))
+                core.version = message[1]
+            elif message[0] == "raw":
+                conn.send(await asyncio.to_thread(_raw_broadcast_sender, *message[1:]))
+            else:
+                break
+    finally:
+        await server.stop(grace=1)
+        await publisher.close()
+
+
+async def _publish(publisher: WeightPublisher, model: PreTrainedModel, version: int) -> dict[str, float]:
+    """Publish `version` and return the publisher's figures once its broadcast has ended."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(1.0 - 1e-3)  # every weight moves, as after an optimizer step
+    stats = publisher.stats
+    ok_before, failed_before = stats.broadcasts, stats.failed_broadcasts
+    await publisher.publish(version, dict(model.named_parameters()))
+    deadline = time.perf_counter() + WAIT_S
+    while (stats.broadcasts, stats.failed_broadcasts) == (ok_before, failed_before):
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"the broadcast of v{version} never ended")
+        await asyncio.sleep(0.005)
+    return {
+        "version": version,
+        "pack_s": stats.last_pack_s,
+        "broadcast_s": stats.last_broadcast_s,
+        "gib_per_s": stats.last_broadcast_gib_per_s,
+        # A failed broadcast leaves the previous figures in the stats: they are not this version's.
+        "broadcast_ok": stats.broadcasts > ok_before,
+    }
+
+
+def _raw_broadcast_sender(port: int, num_bytes: int, repeats: int) -> list[float]:
+    """Rank 0 of the plain broadcast: seconds of each repeat, timed like the publisher times."""
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=WAIT_S))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+    try:
+        tensor = torch.ones(num_bytes, dtype=torch.uint8)
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier()  # the receiver is waiting, so only the transfer is timed
+            started = time.perf_counter()
+            dist.broadcast(tensor, src=0)
+            seconds.append(time.perf_counter() - started)
+        return seconds
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- inference side (main process) -------------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    end: float
+    swapped: bool
+    swap_s: float
+
+
+@dataclass
+class Decoder:
+    """Steps the engine in its own thread until it runs out of work, recording every step."""
+
+    engine: InferenceEngine
+    started: float = 0.0
+    steps: list[StepRecord] = field(default_factory=list)
+    finished: list[GenerationUpdate] = field(default_factory=list)
+    error: BaseException | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="decode", daemon=True)
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self) -> None:
+        assert self._thread is not None
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            while self.engine.has_work:
+                version = self.engine.weight_version
+                updates = self.engine.step()
+                swapped = self.engine.weight_version != version
+                swap_s = self.engine.stats().last_swap_s if swapped else 0.0
+                self.steps.append(StepRecord(time.perf_counter(), swapped, swap_s))
+                self.finished += [u for u in updates if u.finish_reason is not None]
+        except BaseException as exc:  # surfaced by join(): a broken engine must fail the run
+            self.error = exc
+
+
+def make_requests(
+    args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, prefix: str, max_new: int
+) -> list[GenerationRequest]:
+    rng = random.Random(args.seed)
+    requests = []
+    for i in range(args.requests):
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(8, 64)))
+        sampling = SamplingParams(max_new_tokens=max_new, seed=i)
+        requests.append(GenerationRequest(f"{prefix}{i}", tokenizer(text)["input_ids"], sampling))
+    return requests
+
+
+async def start_decoding(
+    args: argparse.Namespace, engine: InferenceEngine, requests: list[GenerationRequest]
+) -> Decoder:
+    """Queue `requests` and step the engine until the batch is past its prefill and decoding."""
+    for request in requests:
+        engine.add_request(request)
+    decoder = Decoder(engine)
+    decoder.start()
+    await wait_for(lambda: len(decoder.steps) >= args.settle_steps, "the first steps", decoder)
+    return decoder
+
+
+@asynccontextmanager
+async def decoding_load(args: argparse.Namespace, engine: InferenceEngine) -> AsyncIterator[None]:
+    """The engine decodes a batch, as it does during the updates, while the body runs."""
+    requests = make_requests(args, engine.tokenizer, "load", LOAD_NEW_TOKENS)
+    decoder = await start_decoding(args, engine, requests)
+    first = len(decoder.steps)
+    yield
+    if not decoder.running:
+        raise RuntimeError("the decoding load ended before the measurement under load did")
+    ends = [s.end for s in decoder.steps[first - 1 :]]
+    step_ms = statistics.median(b - a for a, b in itertools.pairwise(ends)) * 1e3
+    log.info("decoding load", steps=len(ends) - 1, median_step_ms=round(step_ms, 1))
+    for request in requests:
+        engine.abort(request.request_id)
+    await asyncio.to_thread(decoder.join)
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+async def wait_for(condition: Callable[[], bool], what: str, decoder: Decoder | None = None) -> None:
+    """Poll `condition` until true; fail if decoding ended first or it takes longer than WAIT_S."""
+    deadline = time.perf_counter() + WAIT_S
+    while not condition():
+        if decoder is not None and not decoder.running:
+            raise RuntimeError(f"decoding ended before {what}; raise --max-new or lower --updates")
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"waited {WAIT_S}s for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def receive(conn: Connection) -> Any:
+    """The trainer's next message; EOFError if it died."""
+    return await asyncio.to_thread(conn.recv)
+
+
+async def run_updates(
+    args: argparse.Namespace, conn: Connection, port: int, engine: InferenceEngine
+) -> tuple[Decoder, list[dict[str, float]]]:
+    """Decode the requests while `args.updates` versions are published, received and swapped in."""
+    trainer = TrainerClient(ChannelConfig(f"127.0.0.1:{port}"))
+
+    async def apply(version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
+        engine.load_weights(tensors, version.version)
+
+    receiver = WeightReceiver(trainer, "bench-inference", apply)
+    follow = asyncio.create_task(receiver.run())
+    try:
+        # A receiver watching before the first version is a broadcast member from the start.
+        await wait_for_watcher(trainer)
+        decoder = await start_decoding(args, engine, make_requests(args, engine.tokenizer, "r", args.max_new))
+        published = [await update_once(args, conn, decoder, v) for v in range(1, args.updates + 1)]
+        await asyncio.to_thread(decoder.join)
+    finally:
+        follow.cancel()
+        await asyncio.gather(follow, return_exceptions=True)
+        await trainer.close()
+    if receiver.stats.failed_updates or receiver.stats.fetches:
+        log.warning("not every update came by broadcast", **vars(receiver.stats))
+    return decoder, published
+
+
+async def update_once(
+    args: argparse.Namespace, conn: Connection, decoder: Decoder, version: int
+) -> dict[str, float]:
+    """Have the trainer publish `version`; return once it is swapped in and decoding has gone on."""
+    faults = minor_faults()
+    conn.send(("publish", version))
+    published = await receive(conn)
+    log.info("broadcast ended", **published)
+    engine = decoder.engine
+    await wait_for(lambda: engine.weight_version == version, f"the swap of v{version}", decoder)
+    # This process's page faults from publish to swap: mostly the receiver's new buckets.
+    published["inference_faults"] = minor_faults() - faults
+    # Quiet steps after each swap keep the next update's traffic out of this swap's step gap.
+    swapped_at = len(decoder.steps)
+    await wait_for(lambda: len(decoder.steps) >= swapped_at + args.settle_steps, "later steps", decoder)
+    return published
+
+
+def warm_up(engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A few steps first, so one-off allocations do not count as step time."""
+    prompt = tokenizer("warm up")["input_ids"]
+    engine.add_request(GenerationRequest("warm-up", prompt, SamplingParams(max_new_tokens=8)))
+    while engine.has_work:
+        engine.step()
+
+
+async def wait_for_watcher(trainer: TrainerClient) -> None:
+    deadline = time.perf_counter() + WAIT_S
+    while (await trainer.status(timeout_s=5)).watchers < 1:
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the receiver never started watching")
+        await asyncio.sleep(0.02)
+
+
+async def raw_broadcast(conn: Connection, num_bytes: int, repeats: int, fresh: bool) -> list[float]:
+    """Rank 1 of the plain broadcast (this process hosts its store); returns the sender's seconds.
+    The receive tensor is zeroed once (pages touched) and reused, or with `fresh` allocated anew
+    for every repeat, as the WeightReceiver allocates its buckets for every version."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=WAIT_S))
+    conn.send(("raw", store.port, num_bytes, repeats))
+    await asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=1, world_size=2)
+    try:
+        tensor = torch.zeros(num_bytes, dtype=torch.uint8)
+        for _ in range(repeats):
+            if fresh:
+                tensor = torch.empty(num_bytes, dtype=torch.uint8)
+            await asyncio.to_thread(dist.barrier)
+            await asyncio.to_thread(dist.broadcast, tensor, 0)
+        return await receive(conn)
+    finally:
+        dist.destroy_process_group()
+
+
+def memcpy_seconds(num_bytes: int, repeats: int) -> float:
+    """Best time of one contiguous copy of `num_bytes`, source and destination already touched."""
+    source = torch.ones(num_bytes, dtype=torch.uint8)
+    target = torch.zeros(num_bytes, dtype=torch.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+# ---- results -----------------------------------------------------------------------------------
+
+
+def step_gaps(decoder: Decoder) -> tuple[float, list[float]]:
+    """Median step interval (the first step prefills, so it is left out) and, per swapping step,
+    how much longer its interval was than that median."""
+    ends = [decoder.started] + [s.end for s in decoder.steps]
+    intervals = [b - a for a, b in itertools.pairwise(ends)]
+    plain = [dt for dt, s in zip(intervals[1:], decoder.steps[1:], strict=True) if not s.swapped]
+    median = statistics.median(plain)
+    return median, [dt - median for dt, s in zip(intervals, decoder.steps, strict=True) if s.swapped]
+
+
+def token_counts(args: argparse.Namespace, decoder: Decoder) -> tuple[int, list[int]]:
+    """Tokens lost over all requests, and the number of weight versions each request saw."""
+    expected = args.requests * args.max_new
+    received = sum(len(u.tokens) for u in decoder.finished)
+    return expected - received, sorted(len(set(u.tokens.versions)) for u in decoder.finished)
+
+
+def report(
+    args: argparse.Namespace,
+    sizes: tuple[int, int],
+    decoder: Decoder,
+    published: list[dict[str, float]],
+    raw_s: dict[str, list[float]],
+    memcpy_s: float,
+) -> dict[str, object]:
+    params, num_bytes = sizes
+    swaps_ms = [s.swap_s * 1e3 for s in decoder.steps if s.swapped]
+    median_step, gaps = step_gaps(decoder)
+    stall_ms, memcpy_ms = max(swaps_ms), memcpy_s * 1e3
+    broadcast = [p for p in published if p["broadcast_ok"]]
+    if not broadcast:
+        raise RuntimeError("no broadcast succeeded: the receiver fetched every version")
+    library = statistics.median(p["gib_per_s"] for p in broadcast)
+    raw = {name: [num_bytes / 2**30 / s for s in seconds] for name, seconds in raw_s.items()}
+    raw_median = {name: statistics.median(rates) for name, rates in raw.items()}
+    tokens_lost, versions_seen = token_counts(args, decoder)
+    return {
+        "stall_ms": round(stall_ms, 1),
+        "stall_gap_ms": round(max(gaps) * 1e3, 1),
+        "memcpy_ms": round(memcpy_ms, 1),
+        "stall_ratio": round(stall_ms / memcpy_ms, 2),
+        "broadcast_gib_per_s": round(library, 3),
+        "raw_broadcast_gib_per_s": round(raw_median["idle"], 3),
+        "broadcast_ratio": round(library / raw_median["idle"], 2),
+        "tokens_lost": tokens_lost,
+        "params": params,
+        "bytes": num_bytes,
+        "updates": len(swaps_ms),
+        "versions_seen_per_request": versions_seen,
+        "swap_ms_each": [round(ms, 1) for ms in swaps_ms],
+        "gap_ms_each": [round(g * 1e3, 1) for g in gaps],
+        "median_step_ms": round(median_step * 1e3, 1),
+        "broadcast_gib_per_s_each": [round(p["gib_per_s"], 3) for p in broadcast],
+        "broadcast_measured_by": "publisher stats.last_broadcast_gib_per_s (trainer side), during decoding",
+        "raw_broadcast_gib_per_s_each": [round(r, 3) for r in raw["idle"]],
+        "raw_broadcast_decoding_gib_per_s": round(raw_median["decoding"], 3),
+        "raw_broadcast_decoding_gib_per_s_each": [round(r, 3) for r in raw["decoding"]],
+        "raw_broadcast_decoding_fresh_gib_per_s": round(raw_median["decoding_fresh"], 3),
+        "raw_broadcast_decoding_fresh_gib_per_s_each": [round(r, 3) for r in raw["decoding_fresh"]],
+        "broadcast_ratio_decoding": round(library / raw_median["decoding"], 2),
+        "inference_page_faults_each": [int(p["inference_faults"]) for p in published],
+        "pack_s_each": [round(p["pack_s"], 3) for p in published],
+        "failed_broadcasts": len(published) - len(broadcast),
+        "requests": args.requests,
+        "max_new_tokens": args.max_new,
+        "threads": args.threads,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    tokenizer = build_tokenizer()
+    model = build_model(args, tokenizer)
+    sizes = parameter_bytes(model)
+    log.info("model", params=sizes[0], mib=round(sizes[1] / 2**20, 1))
+    engine = InferenceEngine(model, tokenizer, EngineConfig(max_running=args.requests, ignore_eos=True))
+    warm_up(engine, tokenizer)
+    context = mp.get_context("spawn")  # a fresh interpreter: no forked grpc or torch thread state
+    conn, child_conn = context.Pipe()
+    trainer = context.Process(target=trainer_main, args=(child_conn, args), name="trainer")
+    trainer.start()
+    try:
+        _, port = await receive(conn)  # type: ignore[misc]
+        decoder, published = await run_updates(args, conn, port, engine)
+        raw_s = {"idle": await raw_broadcast(conn, sizes[1], args.repeats, fresh=False)}
+        # The library's broadcasts run while the engine decodes on one of the cores; these two
+        # separate that contention, and the receiver's fresh buckets, from the library itself.
+        async with decoding_load(args, engine):
+            raw_s["decoding"] = await raw_broadcast(conn, sizes[1], args.repeats, fresh=False)
+            raw_s["decoding_fresh"] = await raw_broadcast(conn, sizes[1], args.repeats, fresh=True)
+        conn.send(("stop",))
+    finally:
+        await asyncio.to_thread(trainer.join, 30)
+        if trainer.is_alive():
+            trainer.terminate()
+    memcpy_s = memcpy_seconds(sizes[1], args.repeats)
+    return report(args, sizes, decoder, published, raw_s, memcpy_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=1024, help="a multiple of 128 (head_dim 64)")
+    parser.add_argument("--intermediate", type=int, default=2816)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--max-new", type=int, default=320)
+    parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument("--settle-steps", type=int, default=8, help="decode steps between updates")
+    parser.add_argument("--repeats", type=int, default=5, help="of the raw broadcast and the memcpy")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    configure_logging("benchmark")  # stderr; stdout carries only the final JSON line
+    torch.set_num_threads(args.threads)
+    result = asyncio.run(run(args))
+    log.info("done", **{k: v for k, v in result.items() if not isinstance(v, list)})
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Settings of `pipelinerl run` (env `PIPELINERL_RUN_*`, `--flags`, or a YAML/TOML file).
+
+The sections `reward`, `trainer`, `inference` and `coordinator` are passed through, as each
+service's own config file, to the processes the launcher starts: any setting of a service can be
+set here (`trainer: {learner: {lr: 1e-4}}`). The launcher fills in ports, addresses and threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from pipelinerl.common.settings import LayeredSettings
+
+
+class RunSettings(LayeredSettings):
+    """One local RL run: every service as a process on 127.0.0.1, driven to the end and stopped."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINERL_RUN_")
+
+    mode: Literal["pipeline", "sync"] = "pipeline"
+    """`pipeline`: generation and training overlap, weights update in flight. `sync`: the
+    conventional baseline (generate a batch, score, train, publish, repeat) on the same services."""
+    run_id: str = "run"
+    """Id of the run in the coordinator's journal; the same id in the same run directory resumes it."""
+    run_dir: Path = Path("runs/latest")
+    """Where logs, the journal, checkpoints, metrics.jsonl and plot.png go."""
+    dataset: str = "builtin:copy:2"
+    """`builtin:<copy|reverse|sort>[:<digits>]` or a local JSONL/parquet file."""
+    model: str = "tiny"
+    """Preset name or local HF directory, for the trainer and every inference server."""
+    seed: int = 0
+    """Seed of the preset's initial weights and of the prompt order."""
+    group_size: int = Field(default=8, ge=2)
+    """Attempts per prompt."""
+    samples_per_step: int = Field(default=128, ge=1)
+    """Samples per optimizer step (one new weight version each); in sync mode also the round size."""
+    max_in_flight: int = Field(default=256, ge=2)
+    """Attempts dispatched and not yet acknowledged by the trainer (pipeline mode)."""
+    max_new_tokens: int = Field(default=3, ge=1)
+    """Tokens per completion (the built-in task's answer plus end-of-sequence)."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature."""
+    lr: float = Field(default=3e-4, gt=0)
+    """Learning rate of the trainer."""
+    max_samples: int = Field(default=0, ge=0)
+    """Stop after this many samples have been trained on; 0 means until `duration_s`."""
+    duration_s: float = Field(default=300.0, gt=0)
+    """Wall-clock budget of the run (the run is stopped cleanly when it is spent)."""
+    target_reward: float | None = None
+    """Stop early once the mean reward reaches this."""
+    inference_servers: int = Field(default=1, ge=1)
+    """Inference server processes."""
+    engine: Literal["builtin"] = "builtin"
+    """Inference engine."""
+    pin_cores: bool = True
+    """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
+    reward: dict[str, Any] = Field(default_factory=dict)
+    """Extra settings of the reward service."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """Extra settings of the trainer (e.g. `learner: {loss: {kind: ppo}}`)."""
+    inference: dict[str, Any] = Field(default_factory=dict)
+    """Extra settings of every inference server."""
+    coordinator: dict[str, Any] = Field(default_factory=dict)
+    """Extra settings of the coordinator."""

@@ -1,0 +1,40 @@
+"""The terminal view of `pipelinerl run`: a progress bar with reward, correctness, lag and versions."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.launcher.config import RunSettings
+
+
+class RunDisplay:
+    def __init__(self, settings: RunSettings) -> None:
+        self._by_samples = settings.max_samples > 0
+        total = settings.max_samples if self._by_samples else settings.duration_s
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self._task = self._progress.add_task(settings.mode, total=total, status="starting services")
+
+    def __enter__(self) -> RunDisplay:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, run: RunInfo, elapsed_s: float) -> None:
+        p = run.progress
+        versions = ",".join(str(s.version) for s in p.servers)
+        status = (
+            f"reward {p.reward_mean:.3f}  correct {p.correct_fraction:.3f}  lag {p.lag_mean:.2f}  "
+            f"trained {p.trained}  {p.samples_per_s:.0f}/s  v{p.trainer_version} [{versions}]"
+        )
+        done = p.trained if self._by_samples else elapsed_s
+        self._progress.update(self._task, completed=done, status=status)

@@ -1,0 +1,89 @@
+"""The service processes of a local run: started with their own config file on a free port,
+pinned to cores where that helps, awaited until healthy, stopped by their own handle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelinerl.common.health import wait_until_serving
+from pipelinerl.common.log import get_logger
+
+log = get_logger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        if not await wait_until_serving(self.address, timeout_s=timeout_s):
+            tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
+            raise RuntimeError(
+                f"{self.name} did not become healthy within {timeout_s}s; its log ends:\n{tail}"
+            )
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM (the service drains), then SIGKILL after `grace_s`; only this process, by handle."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("service did not stop in time; killing it", service=self.name)
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_service(
+    name: str, module: str, settings: dict[str, Any], run_dir: Path, cores: set[int] | None = None
+) -> ServiceProcess:
+    """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`."""
+    port = int(settings.get("port") or free_port())
+    config_path = run_dir / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump({**settings, "port": port, "host": "127.0.0.1"}, sort_keys=False))
+    log_path = run_dir / f"{name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    threads = settings.get("threads")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, "--config", str(config_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        )
+    log.info("started", service=name, pid=process.pid, port=port, cores=sorted(cores) if cores else "any")
+    return ServiceProcess(name, port, process, log_path)
+
+
+async def stop_all(processes: list[ServiceProcess]) -> None:
+    """Stop in reverse start order (the coordinator first, so nothing new is dispatched)."""
+    for service in reversed(processes):
+        code = await asyncio.to_thread(service.stop)
+        log.info("stopped", service=service.name, exit_code=code)

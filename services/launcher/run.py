@@ -1,0 +1,185 @@
+"""`pipelinerl run`: every service as its own process on 127.0.0.1, one RL run through the
+coordinator, then everything stopped by its handle.
+
+    reward ─┐
+    trainer ┼─ healthy? ─► inference ×N (follow the trainer) ─► coordinator ─► StartRun
+            │                                                              WatchRun ─► metrics.jsonl
+    stop: coordinator, inference, trainer, reward (SIGTERM, drain)  ◄── budget, target or Ctrl-C
+                                                                         plot.png, summary
+
+On a CPU box, pipeline mode pins inference and the trainer to different cores with one thread
+each, so generation and training truly run at once; sync mode gives every phase all the cores,
+since its phases never overlap. That makes the two modes a fair comparison on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import SamplingParams
+from pipelinerl.coordinator.client import CoordinatorClient
+from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
+from pipelinerl.launcher.report import MetricsLog, Point, plot
+
+log = get_logger(__name__)
+
+HEALTH_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    mode: str
+    elapsed_s: float
+    trained: int
+    samples_per_s: float
+    final_reward: float
+    final_correct: float
+    mean_lag: float
+    time_to_target_s: float | None
+    state: str
+    metrics_path: Path
+    plot_path: Path
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: the user's section overrides what the launcher sets."""
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = (
+            merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
+            else value
+        )
+    return merged
+
+
+def _placement(settings: RunSettings) -> tuple[int, list[set[int] | None], set[int] | None]:
+    """(threads per process, cores of each inference server, cores of the trainer)."""
+    cores = sorted(os.sched_getaffinity(0))
+    n = settings.inference_servers
+    if settings.mode == "sync" or not settings.pin_cores or len(cores) < 2:
+        return (len(cores) if settings.mode == "sync" else max(len(cores) // (n + 1), 1)), [None] * n, None
+    trainer = {cores[-1]}
+    inference = [{cores[i % (len(cores) - 1)]} for i in range(n)]
+    return 1, inference, trainer
+
+
+def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dict[str, dict[str, Any]]:
+    trainer = {
+        "run_id": settings.run_id, "model": settings.model, "seed": settings.seed, "threads": threads,
+        "samples_per_step": settings.samples_per_step, "checkpoint_dir": str(run_dir / "checkpoints"),
+        "metrics_file": str(run_dir / "trainer_metrics.jsonl"),
+        "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
+                    "advantages": {"skip_zero_variance": False}},
+    }  # fmt: skip
+    inference = {"model": settings.model, "seed": settings.seed, "threads": threads}
+    return {
+        "reward": merge({"workers": 1}, settings.reward),
+        "trainer": merge(trainer, settings.trainer),
+        "inference": merge(inference, settings.inference),
+        "coordinator": merge({"journal_path": str(run_dir / "journal.sqlite")}, settings.coordinator),
+    }
+
+
+async def launch(
+    settings: RunSettings, on_progress: Callable[[RunInfo, float], None] | None = None
+) -> RunResult:
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    threads, inference_cores, trainer_cores = _placement(settings)
+    configs = _service_settings(settings, run_dir, threads)
+    processes: list[ServiceProcess] = []
+    try:
+        processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
+        trainer = start_service("trainer", "pipelinerl.trainer", configs["trainer"], run_dir, trainer_cores)
+        processes.append(trainer)
+        await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
+        inference = [
+            start_service(
+                f"inference-{i}",
+                "pipelinerl.inference",
+                merge(
+                    configs["inference"],
+                    {"trainer_address": trainer.address, "receiver_id": f"inference-{i}"},
+                ),
+                run_dir,
+                cores,
+            )
+            for i, cores in enumerate(inference_cores)
+        ]
+        processes += inference
+        await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in inference))
+        addresses = {
+            "inference_addresses": [p.address for p in inference],
+            "reward_address": processes[0].address,
+            "trainer_address": trainer.address,
+        }
+        coordinator = start_service(
+            "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
+        )
+        processes.append(coordinator)
+        await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
+        return await _drive(settings, coordinator.address, on_progress)
+    finally:
+        await stop_all(processes)
+
+
+def _spec(settings: RunSettings) -> RunSpec:
+    sampling = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
+    return RunSpec(
+        dataset=settings.dataset,
+        group_size=settings.group_size,
+        max_samples=settings.max_samples,
+        sampling=sampling,
+        mode=Mode(settings.mode),
+        max_in_flight=settings.samples_per_step if settings.mode == "sync" else settings.max_in_flight,
+        seed=settings.seed,
+    )
+
+
+async def _drive(
+    settings: RunSettings, address: str, on_progress: Callable[[RunInfo, float], None] | None
+) -> RunResult:
+    metrics = MetricsLog(settings.run_dir / "metrics.jsonl")
+    async with CoordinatorClient(address) as client:
+        run = await client.start_run(_spec(settings), run_id=settings.run_id)
+        started = time.monotonic()
+        async for run in client.watch_run(settings.run_id):
+            elapsed = time.monotonic() - started
+            metrics.add(Point.of(run, elapsed))
+            if on_progress is not None:
+                on_progress(run, elapsed)
+            over = elapsed >= settings.duration_s
+            reached = (
+                settings.target_reward is not None and run.progress.reward_mean >= settings.target_reward
+            )
+            if run.state is RunState.RUNNING and (over or (reached and run.progress.trained > 0)):
+                run = await client.stop_run(settings.run_id, timeout_s=120)
+                break
+        elapsed = time.monotonic() - started
+    last = metrics.points[-1] if metrics.points else Point.of(run, elapsed)
+    title = f"{settings.dataset} — {settings.mode} mode, {settings.model}"
+    plot_path = plot(metrics.points, settings.run_dir / "plot.png", title)
+    target = settings.target_reward if settings.target_reward is not None else 0.8
+    return RunResult(
+        mode=settings.mode,
+        elapsed_s=elapsed,
+        trained=run.progress.trained,
+        samples_per_s=run.progress.trained / elapsed if elapsed > 0 else 0.0,
+        final_reward=last.reward,
+        final_correct=last.correct,
+        mean_lag=sum(p.lag for p in metrics.points) / max(len(metrics.points), 1),
+        time_to_target_s=metrics.time_to_reward(target),
+        state=run.state.value,
+        metrics_path=metrics.path,
+        plot_path=plot_path,
+    )
