@@ -18,12 +18,9 @@ $(BIN)/pipelinerl: pyproject.toml
 
 venv: $(BIN)/pipelinerl
 
-# Until the coordinator lands, the main job starts the reward service, waits for it to be healthy,
-# and stops it by its pid.
+# The main job: one asynchronous RL run on the built-in task (see README, Quick start).
 run: venv
-	@$(BIN)/pipelinerl serve reward --port 50053 & pid=$$!; \
-	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid' EXIT; \
-	$(BIN)/pipelinerl health 127.0.0.1:50053 --wait 120
+	$(BIN)/pipelinerl run --target-reward 0.8
 
 test: venv
 	$(BIN)/pytest -m "not vllm"

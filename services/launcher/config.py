@@ -7,6 +7,7 @@ set here (`trainer: {learner: {lr: 1e-4}}`). The launcher fills in ports, addres
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,8 +27,9 @@ class RunSettings(LayeredSettings):
     conventional baseline (generate a batch, score, train, publish, repeat) on the same services."""
     run_id: str = "run"
     """Id of the run in the coordinator's journal; the same id in the same run directory resumes it."""
-    run_dir: Path = Path("runs/latest")
-    """Where logs, the journal, checkpoints, metrics.jsonl and plot.png go."""
+    run_dir: Path = Field(default_factory=lambda: Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    """Where logs, the journal, checkpoints, metrics.jsonl and plot.png go (a new folder per run by
+    default; pointing at an existing one resumes its run from the journal and checkpoint)."""
     dataset: str = "builtin:copy:2"
     """`builtin:<copy|reverse|sort>[:<digits>]` or a local JSONL/parquet file."""
     model: str = "tiny"
@@ -48,7 +50,7 @@ class RunSettings(LayeredSettings):
     """Learning rate of the trainer."""
     max_samples: int = Field(default=0, ge=0)
     """Stop after this many samples have been trained on; 0 means until `duration_s`."""
-    duration_s: float = Field(default=300.0, gt=0)
+    duration_s: float = Field(default=480.0, gt=0)
     """Wall-clock budget of the run (the run is stopped cleanly when it is spent)."""
     target_reward: float | None = None
     """Stop early once the mean reward reaches this."""

@@ -1,0 +1,95 @@
+"""Pipeline (in-flight updates) against the conventional sync baseline, on the same services.
+
+Both runs use the same task, seed, model, learning rate, group size, samples per optimizer step
+and sample budget; only the overlap differs. Fairness on CPU: pipeline mode pins inference and
+trainer to separate cores with one thread each; sync mode gives each phase every core (its phases
+never run at once). The launcher does this placement; see `pipelinerl.launcher.run`.
+
+    python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--dataset builtin:copy:2]
+
+Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
+pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
+final_reward_sync, mean_lag, ess (plus the target and per-phase trainer timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.run import RunResult, launch
+
+log = get_logger("benchmark")
+
+
+def trainer_means(run_dir: Path) -> dict[str, float]:
+    """Mean ESS and per-phase seconds of the trainer's optimizer steps."""
+    lines = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    keys = ("ess", "forward_backward_s", "optimizer_s", "publish_s", "step_s")
+    return {key: statistics.fmean(line[key] for line in lines) for key in keys}
+
+
+def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
+    run_dir = Path(args.out) / mode
+    settings = RunSettings(
+        mode=mode,
+        run_dir=run_dir,
+        dataset=args.dataset,
+        seed=args.seed,
+        max_samples=args.samples,
+        duration_s=args.max_seconds,
+        target_reward=None,
+    )
+    log.info("running", mode=mode, samples=args.samples)
+    result = asyncio.run(launch(settings))
+    log.info("done", mode=mode, seconds=round(result.elapsed_s, 1), reward=round(result.final_reward, 3))
+    return result, trainer_means(run_dir)
+
+
+def time_to(result: RunResult, target: float) -> float | None:
+    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    return next((p["elapsed_s"] for p in points if p["trained"] > 0 and p["reward"] >= target), None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=40960, help="trained samples per run")
+    parser.add_argument("--target", type=float, default=0.6, help="reward for time-to-reward")
+    parser.add_argument("--dataset", default="builtin:copy:2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
+    parser.add_argument("--out", default="runs/pipeline_vs_sync")
+    args = parser.parse_args()
+    configure_logging("benchmark", "console", "info")
+    pipeline, pipeline_trainer = run("pipeline", args)
+    sync, sync_trainer = run("sync", args)
+    t_pipeline, t_sync = time_to(pipeline, args.target), time_to(sync, args.target)
+    figures = {
+        "pipeline_samples_per_s": round(pipeline.samples_per_s, 1),
+        "sync_samples_per_s": round(sync.samples_per_s, 1),
+        "throughput_ratio": round(pipeline.samples_per_s / sync.samples_per_s, 2),
+        "target_reward": args.target,
+        "pipeline_time_to_reward_s": t_pipeline,
+        "sync_time_to_reward_s": t_sync,
+        "time_to_reward_ratio": round(t_sync / t_pipeline, 2) if t_pipeline and t_sync else None,
+        "final_reward_pipeline": round(pipeline.final_reward, 3),
+        "final_reward_sync": round(sync.final_reward, 3),
+        "mean_lag": round(pipeline.mean_lag, 2),
+        "ess": round(pipeline_trainer["ess"], 3),
+        "sync_ess": round(sync_trainer["ess"], 3),
+        "samples": args.samples,
+        "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
+        "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
