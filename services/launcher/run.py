@@ -91,13 +91,16 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
 
 
 async def launch(
-    settings: RunSettings, on_progress: Callable[[RunInfo, float], None] | None = None
+    settings: RunSettings,
+    on_progress: Callable[[RunInfo, float], None] | None = None,
+    processes: list[ServiceProcess] | None = None,
 ) -> RunResult:
+    """Run to the end. `processes`, if given, receives the handles of the services as they start."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
-    processes: list[ServiceProcess] = []
+    processes = [] if processes is None else processes
     try:
         processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
         trainer = start_service("trainer", "pipelinerl.trainer", configs["trainer"], run_dir, trainer_cores)
