@@ -22,8 +22,10 @@ venv: $(BIN)/pipelinerl
 run: venv
 	$(BIN)/pipelinerl run --target-reward 0.8
 
+# One OpenMP thread per process: tests start several torch processes at once on small machines,
+# and oversubscribed threads slow them down many times over.
 test: venv
-	$(BIN)/pytest -m "not vllm"
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not vllm"
 
 protos: venv
 	$(BIN)/python scripts/gen_protos.py
