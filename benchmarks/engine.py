@@ -23,9 +23,9 @@ import time
 import torch
 
 from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.inference.engine import EngineConfig, InferenceEngine
-from pipelinerl.inference.model import LoadedModel, build_preset
 from pipelinerl.inference.types import GenerationRequest
 
 log = get_logger("benchmarks.engine")

@@ -21,8 +21,8 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     import torch
 
     from pipelinerl.common.channel import ChannelConfig
+    from pipelinerl.common.model import load_model
     from pipelinerl.inference.engine import EngineConfig, InferenceEngine
-    from pipelinerl.inference.model import load_model
     from pipelinerl.inference.receiver import WeightReceiver
     from pipelinerl.inference.runner import EngineRunner
     from pipelinerl.inference.server import InferenceServicer, registration

@@ -15,8 +15,8 @@ async def build(settings: TrainerSettings) -> GrpcServer:
     """Load the model, resume from the latest checkpoint, publish the current version, serve."""
     import torch
 
+    from pipelinerl.common.model import load_model
     from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
-    from pipelinerl.inference.model import load_model
     from pipelinerl.trainer.learner import TorchLearner
     from pipelinerl.trainer.server import registration
     from pipelinerl.trainer.trainer import Trainer, TrainerLoopConfig

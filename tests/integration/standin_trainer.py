@@ -38,7 +38,7 @@ def expected_weights(version: int) -> dict[str, torch.Tensor]:
 
 
 def preset_weights(version: int) -> dict[str, torch.Tensor]:
-    from pipelinerl.inference.model import build_preset
+    from pipelinerl.common.model import build_preset
 
     return dict(build_preset("tiny", seed=100 + version).model.named_parameters())
 

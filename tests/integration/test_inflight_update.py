@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import SamplingParams, TokenSequence
 from pipelinerl.inference.__main__ import build
 from pipelinerl.inference.client import InferenceClient
 from pipelinerl.inference.config import InferenceSettings
-from pipelinerl.inference.model import build_preset
 from pipelinerl.inference.types import GenerationRequest
 from tests.integration.processes import port_file_of, server_process
 

@@ -10,8 +10,8 @@ import torch
 from transformers import PreTrainedModel
 
 from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.inference.model import build_preset
 from pipelinerl.trainer.advantages import AdvantageConfig, compute_advantages
 from pipelinerl.trainer.batching import collate, pack, plan_step, validate_samples
 from pipelinerl.trainer.learner import LearnerConfig, TorchLearner

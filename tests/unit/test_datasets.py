@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.model import build_tokenizer
 from pipelinerl.coordinator.datasets import open_problems
-from pipelinerl.inference.model import build_tokenizer
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "math_problems.jsonl"
 

@@ -8,9 +8,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference.engine import EngineConfig, InferenceEngine
-from pipelinerl.inference.model import LoadedModel, build_preset
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from pipelinerl.common.model import build_preset, load_model
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.inference.model import build_preset, load_model
 from pipelinerl.trainer.learner import LearnerConfig, TorchLearner, read_trainer_state
 from pipelinerl.trainer.losses import LossConfig
 

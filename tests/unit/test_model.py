@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipelinerl.inference.model import (
+from pipelinerl.common.model import (
     PRESETS,
     build_preset,
     build_tokenizer,
