@@ -35,6 +35,10 @@ def trainer_means(run_dir: Path) -> dict[str, float]:
     return {key: statistics.fmean(line[key] for line in lines) for key in keys}
 
 
+def cpu_seconds(run_dir: Path) -> dict[str, float]:
+    return json.loads((run_dir / "cpu_seconds.json").read_text())
+
+
 def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
     run_dir = Path(args.out) / mode
     settings = RunSettings(
@@ -86,6 +90,11 @@ def main() -> int:
         "samples": args.samples,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
+        "pipeline_seconds": round(pipeline.elapsed_s, 1),
+        "sync_seconds": round(sync.elapsed_s, 1),
+        # Where the CPU went: seconds of CPU per service over each run (two cores available).
+        "pipeline_cpu_s": cpu_seconds(Path(args.out) / "pipeline"),
+        "sync_cpu_s": cpu_seconds(Path(args.out) / "sync"),
     }
     print(json.dumps(figures))
     return 0

@@ -45,6 +45,14 @@ class ServiceProcess:
                 f"{self.name} did not become healthy within {timeout_s}s; its log ends:\n{tail}"
             )
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used so far (Linux /proc), 0 once it is gone."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM (the service drains), then SIGKILL after `grace_s`; only this process, by handle."""
         if self.process.poll() is None:
@@ -82,8 +90,11 @@ def start_service(
     return ServiceProcess(name, port, process, log_path)
 
 
-async def stop_all(processes: list[ServiceProcess]) -> None:
-    """Stop in reverse start order (the coordinator first, so nothing new is dispatched)."""
+async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
+    """Stop in reverse start order (the coordinator first, so nothing new is dispatched); returns
+    the CPU seconds each service used, read just before it was stopped."""
+    cpu = {service.name: round(service.cpu_seconds(), 2) for service in processes}
     for service in reversed(processes):
         code = await asyncio.to_thread(service.stop)
         log.info("stopped", service=service.name, exit_code=code)
+    return cpu

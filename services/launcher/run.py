@@ -15,6 +15,7 @@ since its phases never overlap. That makes the two modes a fair comparison on th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable
@@ -133,7 +134,8 @@ async def launch(
         await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
         return await _drive(settings, coordinator.address, on_progress)
     finally:
-        await stop_all(processes)
+        cpu = await stop_all(processes)
+        (run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
 
 
 def _spec(settings: RunSettings) -> RunSpec:
