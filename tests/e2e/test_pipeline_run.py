@@ -2,9 +2,10 @@
 in-flight weight updates, and a reward that rises from near chance.
 
 Thresholds: a random tiny model scores under 0.15 on `copy:2` (a digit matching by chance, with
-~100 possible characters); after ~20k trained samples the default config reaches 0.5-0.7 on this
-machine (see the README's learning curve), so 0.4 leaves room for slow CI machines while still
-failing if the learning signal is broken (a wrong sign, stale weights, lost samples).
+~100 possible characters). After ~20k trained samples the default config's moving-average reward
+was 0.51-0.57 in four runs on this machine, and never below 0.40 over the last 5k samples; the
+mean of the last five progress points must reach 0.35, more than twice the start, which still
+fails if the learning signal is broken (a wrong sign, stale weights, lost samples).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ async def test_reward_rises_with_inflight_updates_and_nothing_lost(tmp_path: Pat
     points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     first = next(p for p in points if p["trained"] > 0)
     assert first["reward"] < 0.15, first
-    assert result.final_reward >= 0.4, result
+    late = sum(p["reward"] for p in points[-5:]) / 5
+    assert late >= 0.35, (late, result)
     assert result.state == "completed" and result.trained == 20480
     assert result.plot_path.stat().st_size > 10_000
 
