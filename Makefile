@@ -7,7 +7,7 @@ BUF := .tools/node_modules/.bin/buf
 # The CPU build of torch; a bare `torch` requirement would pull several GB of CUDA wheels.
 TORCH_SPEC := torch==2.13.0
 
-.PHONY: run test lint protos check-protos lint-protos venv clean
+.PHONY: run test lint protos check-protos lint-protos venv clean vllm-env vllm-test
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ run: venv
 # and oversubscribed threads slow them down many times over.
 test: venv
 	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not vllm"
+
+# vLLM pins its own torch, so the vLLM inference server has a virtualenv of its own (.venv-vllm).
+vllm-env:
+	scripts/vllm_env.sh
+
+# The built-in engine's reference outputs come from .venv, hence `venv` too.
+vllm-test: venv vllm-env
+	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/vllm -m vllm
 
 protos: venv
 	$(BIN)/python scripts/gen_protos.py
@@ -47,4 +55,4 @@ lint: venv lint-protos check-protos
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .tools .pytest_cache .ruff_cache

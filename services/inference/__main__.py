@@ -21,30 +21,15 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     import torch
 
     from pipelinerl.common.channel import ChannelConfig
-    from pipelinerl.common.model import load_model
-    from pipelinerl.inference.engine import EngineConfig, InferenceEngine
     from pipelinerl.inference.receiver import WeightReceiver
-    from pipelinerl.inference.runner import EngineRunner
     from pipelinerl.inference.server import InferenceServicer, registration
     from pipelinerl.trainer.client import TrainerClient
 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
-    loaded = load_model(
-        settings.model, seed=settings.seed, dtype=getattr(torch, settings.dtype), device=settings.device
-    )
-    config = EngineConfig(
-        max_running=settings.max_running,
-        max_queued=settings.max_queued,
-        max_new_tokens=settings.max_new_tokens,
-        max_model_len=settings.max_model_len,
-        ignore_eos=settings.ignore_eos,
-    )
     # Following a trainer, the weights are unknown (-1) until its first version lands.
     initial_version = -1 if settings.trainer_address is not None else 0
-    engine = InferenceEngine(loaded.model, loaded.tokenizer, config, weight_version=initial_version)
-    runner = EngineRunner(engine, settings.model)
-    runner.start()
+    runner = await _start_engine(settings, initial_version)
     servicer = InferenceServicer(runner)
     on_close = [runner.stop]
     if settings.trainer_address is not None:
@@ -69,6 +54,44 @@ async def build(settings: InferenceSettings) -> GrpcServer:
 
         on_close.insert(0, stop_following)
     return GrpcServer(settings, [registration(servicer)], on_drain=[servicer.drain], on_close=on_close)
+
+
+async def _start_engine(settings: InferenceSettings, initial_version: int):  # type: ignore[no-untyped-def]
+    """The engine behind the servicer, started: `EngineRunner` or `VllmBackend`."""
+    if settings.engine == "vllm":
+        from pipelinerl.inference.vllm_engine import VllmBackend
+
+        return await VllmBackend.create(
+            settings.model,
+            seed=settings.seed,
+            dtype=settings.dtype,
+            max_running=settings.max_running,
+            max_new_tokens=settings.max_new_tokens,
+            max_model_len=settings.max_model_len,
+            kv_cache_gib=settings.kv_cache_gib,
+            weight_version=initial_version,
+            ignore_eos=settings.ignore_eos,
+        )
+    import torch
+
+    from pipelinerl.common.model import load_model
+    from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+    from pipelinerl.inference.runner import EngineRunner
+
+    loaded = load_model(
+        settings.model, seed=settings.seed, dtype=getattr(torch, settings.dtype), device=settings.device
+    )
+    config = EngineConfig(
+        max_running=settings.max_running,
+        max_queued=settings.max_queued,
+        max_new_tokens=settings.max_new_tokens,
+        max_model_len=settings.max_model_len,
+        ignore_eos=settings.ignore_eos,
+    )
+    engine = InferenceEngine(loaded.model, loaded.tokenizer, config, weight_version=initial_version)
+    runner = EngineRunner(engine, settings.model)
+    runner.start()
+    return runner
 
 
 async def _serve(settings: InferenceSettings) -> None:

@@ -18,6 +18,9 @@ class InferenceSettings(ServiceSettings):
 
     port: int = Field(default=50051, ge=0, le=65535)
     """Port to bind; 0 picks a free one."""
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """`builtin` (torch + transformers, CPU or GPU) or `vllm` (vLLM's AsyncLLM; run from the vLLM
+    virtualenv that `make vllm-env` builds)."""
     model: str = "tiny"
     """A preset name (`tiny`) or a local HF model directory."""
     seed: int = 0
@@ -36,6 +39,8 @@ class InferenceSettings(ServiceSettings):
     """Largest `max_new_tokens` a request may ask for."""
     max_model_len: int | None = Field(default=None, ge=1)
     """Context length; unset means the model's own."""
+    kv_cache_gib: float = Field(default=1.0, gt=0)
+    """vLLM only: size of its KV cache in GiB."""
     ignore_eos: bool = False
     """Keep generating past end-of-sequence tokens (fixed-length rollouts, benchmarks)."""
     trainer_address: str | None = None

@@ -56,8 +56,10 @@ class RunSettings(LayeredSettings):
     """Stop early once the mean reward reaches this."""
     inference_servers: int = Field(default=1, ge=1)
     """Inference server processes."""
-    engine: Literal["builtin"] = "builtin"
-    """Inference engine."""
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """Inference engine. `vllm` runs the inference servers with `vllm_python` (`make vllm-env`)."""
+    vllm_python: Path = Path(".venv-vllm/bin/python")
+    """Interpreter of the vLLM virtualenv (vLLM pins its own torch, so it lives apart)."""
     pin_cores: bool = True
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
     reward: dict[str, Any] = Field(default_factory=dict)

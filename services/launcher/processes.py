@@ -67,7 +67,12 @@ class ServiceProcess:
 
 
 def start_service(
-    name: str, module: str, settings: dict[str, Any], run_dir: Path, cores: set[int] | None = None
+    name: str,
+    module: str,
+    settings: dict[str, Any],
+    run_dir: Path,
+    cores: set[int] | None = None,
+    python: str = sys.executable,
 ) -> ServiceProcess:
     """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`."""
     port = int(settings.get("port") or free_port())
@@ -80,7 +85,7 @@ def start_service(
         env["OMP_NUM_THREADS"] = str(threads)
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", module, "--config", str(config_path)],
+            [python, "-m", module, "--config", str(config_path)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,

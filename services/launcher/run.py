@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +83,12 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
                     "advantages": {"skip_zero_variance": False}},
     }  # fmt: skip
-    inference = {"model": settings.model, "seed": settings.seed, "threads": threads}
+    inference = {
+        "model": settings.model,
+        "seed": settings.seed,
+        "threads": threads,
+        "engine": settings.engine,
+    }
     return {
         "reward": merge({"workers": 1}, settings.reward),
         "trainer": merge(trainer, settings.trainer),
@@ -117,6 +123,7 @@ async def launch(
                 ),
                 run_dir,
                 cores,
+                python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
             )
             for i, cores in enumerate(inference_cores)
         ]

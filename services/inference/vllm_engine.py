@@ -1,0 +1,363 @@
+"""The vLLM engine behind the servicer: vLLM's `AsyncLLM` in-process, wrapped to `InferenceBackend`.
+
+    generate(req) ──validate──► AsyncLLM.generate(TokensPrompt, SamplingParams(DELTA, logprobs=0))
+         ▲                              │ vLLM's own continuous batching, engine core process
+         └── GenerationUpdate ◄── token ids + processed logprobs + weight version per token
+
+    apply_weights(v, tensors) ──pack into CRC-32'd byte buckets──┐
+    apply_buckets(v, layout, buckets) ───────────────────────────┤   (one update at a time)
+         pause_generation(mode="keep", clear_cache=False)       ◄┘   running requests freeze, KV kept
+         collective_rpc("pipelinerl_load_weights")  ── every worker verifies, then reload_weights
+         update_weight_version(str(v))              ── the engine core stamps later steps with v
+         resume_generation()                        ── the same requests continue on version v
+
+Logprobs: `logprobs_mode="processed_logprobs"` makes vLLM report the sampled token's logprob under
+the distribution it was drawn from (after temperature, top-k, top-p); for greedy requests vLLM
+reports log_softmax of the unscaled logits. Both match the built-in engine's convention
+(`pipelinerl.inference.sampling`).
+
+Prefix cache: every prompt carries `cache_salt` = the weight version it will be scheduled under,
+so a new request never reuses prompt KV computed by older weights (the salt is part of vLLM's block
+hash), while requests of one version — a GRPO group, say — still share their prompt's blocks.
+Running requests keep their own KV across an update; resetting the prefix cache instead would
+preempt them (`reset_prefix_cache(reset_running_requests=True)`), which is what we avoid.
+
+Weight versions: vLLM's engine core stamps each step's outputs with the version set by
+`update_weight_version`, and the final output of a request lists spans of output tokens per
+version; the final update's versions come from those spans, so they are exact. Streamed deltas
+(`stream_tokens`) are tagged with the version this backend holds when the delta arrives.
+
+vLLM starts its engine core and workers with spawn: programs using this module must guard their
+entry point with `if __name__ == "__main__":`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pipelinerl.common import buckets as bucketing
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
+from pipelinerl.common.weights import WeightLayout
+from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from pipelinerl.inference.receiver import WeightReceiver
+
+log = get_logger(__name__)
+
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+_RATE_WINDOW_S = 10.0
+
+
+class VllmBackend:
+    """Implements `InferenceBackend` (plus `apply_weights`, like `EngineRunner`) over vLLM's AsyncLLM."""
+
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        tokenizer: PreTrainedTokenizerBase,
+        limits: Limits,
+        model_name: str,
+        *,
+        weight_version: int = 0,
+        run_id: str = "",
+    ) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.run_id = run_id
+        self.receiver: WeightReceiver | None = None
+        """Set when the server follows a trainer; its counters are reported in `status()`."""
+        self.last_stall_s = 0.0
+        """Pause-to-resume time of the last update: what running requests waited."""
+        self._limits = limits
+        self._version = weight_version
+        self._salt_version = weight_version  # the version new requests will be scheduled under
+        self._update_lock = asyncio.Lock()
+        self._live: set[str] = set()
+        self._recent: deque[tuple[float, int]] = deque()
+        self._vocab_size = len(tokenizer)
+        self._failed_updates = 0
+
+    @classmethod
+    async def create(
+        cls,
+        model: str,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_running: int = 64,
+        max_new_tokens: int = 4096,
+        max_model_len: int | None = None,
+        kv_cache_gib: float = 1.0,
+        weight_version: int = 0,
+        ignore_eos: bool = False,
+    ) -> VllmBackend:
+        """Start AsyncLLM on `model` (a local HF directory, or a preset name, exported to a temporary
+        directory first because vLLM loads only from disk). Must be awaited in the serving loop."""
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from pipelinerl.common.model import PRESETS, export_preset
+
+        path = model
+        if model in PRESETS:
+            # Kept for the process's lifetime: vLLM reads the directory again on reload from disk.
+            path = str(export_preset(Path(tempfile.mkdtemp(prefix=f"pipelinerl-{model}-")), model, seed=seed))
+        args = AsyncEngineArgs(
+            model=path,
+            tokenizer=path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_running,
+            # The cache size as an engine argument, not VLLM_CPU_KVCACHE_SPACE: no process-wide env.
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION_CLASS,
+            # Graph capture and compilation cost minutes on a small CPU and win little on tiny models.
+            enforce_eager=True,
+            disable_log_stats=True,
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        context = llm.model_config.max_model_len
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        backend = cls(
+            llm, tokenizer, Limits(max_running, min(max_new_tokens, context), context), model,
+            weight_version=weight_version,
+        )  # fmt: skip
+        backend._ignore_eos = ignore_eos
+        await llm.update_weight_version(str(weight_version))
+        return backend
+
+    _ignore_eos = False
+
+    async def stop(self) -> None:
+        self.llm.shutdown()
+
+    # ---- InferenceBackend ---------------------------------------------------------------------
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
+        from vllm.inputs import TokensPrompt
+
+        self._validate(request)
+        request_id = request.request_id
+        self._live.add(request_id)
+        tokens = TokenSequence()
+        emitted = 0
+        finished = False
+        try:
+            stream = self.llm.generate(
+                TokensPrompt(
+                    prompt_token_ids=list(request.prompt_token_ids), cache_salt=f"w{self._salt_version}"
+                ),
+                self._sampling_params(request.sampling),
+                request_id,
+            )
+            async for output in stream:
+                completion = output.outputs[0]
+                version = self._version
+                new_ids = list(completion.token_ids)
+                tokens.token_ids += new_ids
+                tokens.logprobs += _sampled_logprobs(completion.logprobs, new_ids)
+                tokens.versions += [version] * len(new_ids)
+                self._count(len(new_ids))
+                if completion.finish_reason is None:
+                    if request.stream_tokens and len(tokens) > emitted:
+                        yield GenerationUpdate(request_id, _slice(tokens, emitted))
+                        emitted = len(tokens)
+                    continue
+                finished = True
+                if completion.weight_versions:
+                    tokens.versions = _versions_from_spans(completion.weight_versions, tokens.versions)
+                text = self.tokenizer.decode(tokens.token_ids, skip_special_tokens=True)
+                text = _cut_at_stop_string(text, request.sampling.stop)
+                reason = _FINISH_REASONS.get(completion.finish_reason, FinishReason.STOP)
+                yield GenerationUpdate(request_id, _slice(tokens, emitted), reason, text)
+                return
+        except ValueError as exc:  # vLLM's input validation, for what _validate does not check
+            raise InvalidArgument(str(exc)) from exc
+        finally:
+            self._live.discard(request_id)
+            if not finished:  # the caller went away: free the request's cache in vLLM now
+                await self.llm.abort(request_id)
+
+    def status(self) -> EngineStatus:
+        running = self.llm.output_processor.get_num_unfinished_requests()
+        return EngineStatus(
+            weight_version=WeightVersion(self._version, self.run_id),
+            running=running,
+            queued=0,  # vLLM's scheduler does not expose its waiting queue to the front end
+            tokens_per_s=self._tokens_per_s(),
+            weight_updates=self.receiver.stats.updates if self.receiver else 0,
+            failed_weight_updates=self.receiver.stats.failed_updates
+            if self.receiver
+            else self._failed_updates,
+            engine="vllm",
+            model=self.model_name,
+        )
+
+    # ---- weight updates -----------------------------------------------------------------------
+
+    async def apply_weights(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
+        """Load a verified version (the receiver's `apply`); returns once every worker holds it.
+
+        The tensors are packed again into checksummed buckets because they must cross into vLLM's
+        engine process as bytes, and the workers check what they receive before using it."""
+        layout = bucketing.plan_layout(tensors.items())
+        buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, layout)
+        await self.apply_buckets(version, layout, buckets)
+
+    async def apply_buckets(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
+    ) -> None:
+        """Load one version given as byte buckets and their layout (with checksums).
+
+        Raises FailedPrecondition, and keeps serving the old version, if the version is not newer
+        or any worker refuses it (bad checksum, unknown tensor, wrong shape)."""
+        async with self._update_lock:
+            if version.version <= self._version and version.run_id == self.run_id:
+                raise FailedPrecondition(
+                    f"weight version {version.version} is not newer than {self._version}"
+                )
+            wire = layout_to_wire(layout)
+            data = [bucket.numpy().tobytes() for bucket in buckets]
+            started = time.perf_counter()
+            # Requests arriving from here on are first scheduled after resume, on the new weights.
+            self._salt_version = version.version
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self.llm.collective_rpc("pipelinerl_load_weights", args=(version.version, wire, data))
+                await self.llm.update_weight_version(str(version.version))
+                self._version = version.version
+                self.run_id = version.run_id
+            except Exception as exc:  # a worker refused the version; it left the model untouched
+                self._salt_version = self._version
+                self._failed_updates += 1
+                log.error("vLLM refused a weight version; keeping the old one",
+                          version=version.version, error=str(exc))  # fmt: skip
+                raise FailedPrecondition(f"weight version {version.version} refused: {exc}") from exc
+            finally:
+                await self.llm.resume_generation()
+                self.last_stall_s = time.perf_counter() - started
+        log.info("weights swapped", weight_version=version.version, stall_s=round(self.last_stall_s, 4))
+
+    async def worker_versions(self) -> list[int | None]:
+        """The version each vLLM worker last loaded (None: the checkpoint it started from)."""
+        return list(await self.llm.collective_rpc("pipelinerl_weight_version"))
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _sampling_params(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VllmSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            ignore_eos=self._ignore_eos,
+            logprobs=0,  # only the sampled token's logprob
+            output_kind=RequestOutputKind.DELTA,
+            # Stop strings end the request but every sampled token stays (the trainer needs them);
+            # the text is cut here, as the built-in engine does.
+            include_stop_str_in_output=True,
+        )
+
+    def _validate(self, request: GenerationRequest) -> None:
+        if not request.request_id:
+            raise InvalidArgument.field("request_id", "must not be empty")
+        if request.request_id in self._live:
+            raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise InvalidArgument.field("prompt_token_ids", "must not be empty")
+        for i, token in enumerate(prompt):
+            if not 0 <= token < self._vocab_size:
+                raise InvalidArgument.field(
+                    f"prompt_token_ids[{i}]",
+                    f"token id {token} is outside the vocabulary [0, {self._vocab_size})",
+                )
+        params = request.sampling
+        if not 1 <= params.max_new_tokens <= self._limits.max_new_tokens:
+            raise InvalidArgument.field(
+                "sampling.max_new_tokens", f"must be in [1, {self._limits.max_new_tokens}]"
+            )
+        if len(prompt) + params.max_new_tokens > self._limits.max_context:
+            raise InvalidArgument.field(
+                "sampling.max_new_tokens",
+                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) exceeds the context "
+                f"of {self._limits.max_context} tokens",
+            )
+        if not 0 <= params.temperature <= 100 or not 0 < params.top_p <= 1 or params.top_k < 0:
+            raise InvalidArgument.field("sampling", "temperature in [0, 100], top_p in (0, 1], top_k >= 0")
+
+    def _count(self, n: int) -> None:
+        now = time.monotonic()
+        self._recent.append((now, n))
+        while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def _tokens_per_s(self) -> float:
+        if len(self._recent) < 2:
+            return 0.0
+        span = self._recent[-1][0] - self._recent[0][0]
+        return sum(n for _, n in self._recent) / span if span > 0 else 0.0
+
+
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The sampled token's logprob at each new position (vLLM returns it even with logprobs=0)."""
+    if logprobs is None:
+        return [float("nan")] * len(token_ids)
+    return [float(position[token].logprob) for position, token in zip(logprobs, token_ids, strict=True)]
+
+
+def _versions_from_spans(spans: Any, fallback: list[int]) -> list[int]:
+    versions = list(fallback)
+    for span in spans:
+        try:
+            version = int(span.version)
+        except ValueError:  # "default": a version label this backend did not set
+            continue
+        versions[span.start : span.end] = [version] * (span.end - span.start)
+    return versions
+
+
+def _slice(tokens: TokenSequence, start: int) -> TokenSequence:
+    return TokenSequence(tokens.token_ids[start:], tokens.logprobs[start:], tokens.versions[start:])
+
+
+def _cut_at_stop_string(text: str, stops: tuple[str, ...]) -> str:
+    cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return text[: min(cuts)] if cuts else text
