@@ -5,7 +5,8 @@ and sample budget; only the overlap differs. Fairness on CPU: pipeline mode pins
 trainer to separate cores with one thread each; sync mode gives each phase every core (its phases
 never run at once). The launcher does this placement; see `pipelinerl.launcher.run`.
 
-    python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--dataset builtin:copy:2]
+    python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--lr 3e-4]
+                                          [--dataset builtin:copy:2]
 
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
@@ -46,6 +47,7 @@ def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float
         run_dir=run_dir,
         dataset=args.dataset,
         seed=args.seed,
+        lr=args.lr,
         max_samples=args.samples,
         duration_s=args.max_seconds,
         target_reward=None,
@@ -67,6 +69,7 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.6, help="reward for time-to-reward")
     parser.add_argument("--dataset", default="builtin:copy:2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=RunSettings.model_fields["lr"].default)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
     parser.add_argument("--out", default="runs/pipeline_vs_sync")
     args = parser.parse_args()
@@ -88,6 +91,7 @@ def main() -> int:
         "ess": round(pipeline_trainer["ess"], 3),
         "sync_ess": round(sync_trainer["ess"], 3),
         "samples": args.samples,
+        "lr": args.lr,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
         "pipeline_seconds": round(pipeline.elapsed_s, 1),
