@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.inference.config import InferenceSettings
+
+if TYPE_CHECKING:  # both import torch; the engine chosen is imported when it starts
+    from pipelinerl.inference.runner import EngineRunner
+    from pipelinerl.inference.vllm_engine import VllmBackend
 
 log = get_logger(__name__)
 
@@ -56,7 +61,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     return GrpcServer(settings, [registration(servicer)], on_drain=[servicer.drain], on_close=on_close)
 
 
-async def _start_engine(settings: InferenceSettings, initial_version: int):  # type: ignore[no-untyped-def]
+async def _start_engine(settings: InferenceSettings, initial_version: int) -> EngineRunner | VllmBackend:
     """The engine behind the servicer, started: `EngineRunner` or `VllmBackend`."""
     if settings.engine == "vllm":
         from pipelinerl.inference.vllm_engine import VllmBackend
