@@ -12,37 +12,18 @@ with `--config` fill in the rest. Services are imported lazily, so `serve reward
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
-# Services with a real core to serve; each module has `serve(config_file, cli_args)`.
+# Services with a real core to serve; each module has `main(argv)`.
 SERVICES = {
     "coordinator": "pipelinerl.coordinator.__main__",
     "inference": "pipelinerl.inference.__main__",
     "reward": "pipelinerl.reward.__main__",
     "trainer": "pipelinerl.trainer.__main__",
 }
-
-
-def split_config_flag(args: list[str]) -> tuple[Path | None, list[str]]:
-    """Take `--config FILE` (or `--config=FILE`) out of the arguments; the rest are settings flags."""
-    rest: list[str] = []
-    config: Path | None = None
-    it = iter(args)
-    for arg in it:
-        if arg == "--config":
-            value = next(it, None)
-            if value is None:
-                raise typer.BadParameter("--config needs a file")
-            config = Path(value)
-        elif arg.startswith("--config="):
-            config = Path(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-    return config, rest
 
 
 @app.callback()
@@ -59,8 +40,7 @@ def serve(
     """Start one service in the foreground until SIGTERM or Ctrl-C (then drain gracefully)."""
     if service not in SERVICES:
         raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}")
-    config, settings_args = split_config_flag(list(ctx.args))
-    importlib.import_module(SERVICES[service]).serve(config, settings_args)
+    importlib.import_module(SERVICES[service]).main(list(ctx.args))
 
 
 @app.command()
@@ -93,6 +73,7 @@ def run(ctx: typer.Context) -> None:
     import asyncio
 
     from pipelinerl.common.log import configure_logging
+    from pipelinerl.common.settings import split_config_flag
     from pipelinerl.launcher.config import RunSettings
     from pipelinerl.launcher.display import RunDisplay
     from pipelinerl.launcher.run import launch

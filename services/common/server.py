@@ -25,8 +25,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from pipelinerl.common.errors import PipelineError
-from pipelinerl.common.log import get_logger
-from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.common.settings import ServiceSettings, split_config_flag
 from pipelinerl.common.status import rpc_status
 
 log = get_logger(__name__)
@@ -219,3 +219,23 @@ class GrpcServer:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def run_service(
+    name: str,
+    settings_cls: type[ServiceSettings],
+    build: Callable[[Any], Awaitable[GrpcServer]],
+    argv: list[str],
+) -> None:
+    """The whole `python -m pipelinerl.<service>` entry point: `[--config FILE] [--flags]` into
+    settings, logging, then serve until SIGTERM or Ctrl-C. `build` runs inside the event loop, since
+    gRPC channels and asyncio primitives belong to the loop that creates them."""
+    config_file, cli_args = split_config_flag(argv)
+    settings = settings_cls.load(config_file, cli_args)
+    configure_logging(name, settings.log_format, settings.log_level)
+
+    async def serve() -> None:
+        server = await build(settings)
+        await server.serve_until_signal()
+
+    asyncio.run(serve())

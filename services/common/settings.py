@@ -110,6 +110,24 @@ class ServiceSettings(LayeredSettings):
         return self
 
 
+def split_config_flag(args: list[str]) -> tuple[Path | None, list[str]]:
+    """Take `--config FILE` (or `--config=FILE`) out of the arguments; the rest are settings flags."""
+    rest: list[str] = []
+    config: Path | None = None
+    it = iter(args)
+    for arg in it:
+        if arg == "--config":
+            value = next(it, None)
+            if value is None:
+                raise ValueError("--config needs a file")
+            config = Path(value)
+        elif arg.startswith("--config="):
+            config = Path(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return config, rest
+
+
 def _file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:
     if path.suffix in (".yaml", ".yml"):
         return YamlConfigSettingsSource(settings_cls, yaml_file=path)

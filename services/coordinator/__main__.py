@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from pathlib import Path
 
 from pipelinerl.common.channel import ChannelConfig
-from pipelinerl.common.log import configure_logging
-from pipelinerl.common.server import GrpcServer
+from pipelinerl.common.server import GrpcServer, run_service
 from pipelinerl.coordinator.config import CoordinatorSettings
 
 
@@ -47,18 +44,9 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     return GrpcServer(settings, [registration(coordinator)], on_drain=[coordinator.close], on_close=[close])
 
 
-async def _serve(settings: CoordinatorSettings) -> None:
-    server = await build(settings)
-    await server.serve_until_signal()
-
-
-def serve(config_file: Path | None, cli_args: list[str]) -> None:
-    settings = CoordinatorSettings.load(config_file, cli_args)
-    configure_logging("coordinator", settings.log_format, settings.log_level)
-    asyncio.run(_serve(settings))
+def main(argv: list[str]) -> None:
+    run_service("coordinator", CoordinatorSettings, build, argv)
 
 
 if __name__ == "__main__":
-    from pipelinerl.cli import split_config_flag
-
-    serve(*split_config_flag(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelinerl.common.log import configure_logging, get_logger
-from pipelinerl.common.server import GrpcServer
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.server import GrpcServer, run_service
 from pipelinerl.inference.config import InferenceSettings
 
 if TYPE_CHECKING:  # both import torch; the engine chosen is imported when it starts
@@ -99,18 +98,9 @@ async def _start_engine(settings: InferenceSettings, initial_version: int) -> En
     return runner
 
 
-async def _serve(settings: InferenceSettings) -> None:
-    server = await build(settings)
-    await server.serve_until_signal()
-
-
-def serve(config_file: Path | None, cli_args: list[str]) -> None:
-    settings = InferenceSettings.load(config_file, cli_args)
-    configure_logging("inference", settings.log_format, settings.log_level)
-    asyncio.run(_serve(settings))
+def main(argv: list[str]) -> None:
+    run_service("inference", InferenceSettings, build, argv)
 
 
 if __name__ == "__main__":
-    from pipelinerl.cli import split_config_flag
-
-    serve(*split_config_flag(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from pathlib import Path
 
-from pipelinerl.common.log import bind_context, configure_logging
-from pipelinerl.common.server import GrpcServer
+from pipelinerl.common.log import bind_context
+from pipelinerl.common.server import GrpcServer, run_service
 from pipelinerl.trainer.config import TrainerSettings
 
 
@@ -55,18 +53,9 @@ async def build(settings: TrainerSettings) -> GrpcServer:
     return GrpcServer(settings, [registration(trainer)], on_close=[trainer.close, publisher.close])
 
 
-async def _serve(settings: TrainerSettings) -> None:
-    server = await build(settings)
-    await server.serve_until_signal()
-
-
-def serve(config_file: Path | None, cli_args: list[str]) -> None:
-    settings = TrainerSettings.load(config_file, cli_args)
-    configure_logging("trainer", settings.log_format, settings.log_level)
-    asyncio.run(_serve(settings))
+def main(argv: list[str]) -> None:
+    run_service("trainer", TrainerSettings, build, argv)
 
 
 if __name__ == "__main__":
-    from pipelinerl.cli import split_config_flag
-
-    serve(*split_config_flag(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -31,7 +31,7 @@ async def reward_address(tmp_path: Path):
     spec = RewardSpec(
         python_function=f"{verifier}:score", extra_terms=[RewardTerm(verifier="format", weight=0.1)]
     )
-    server = build(RewardSettings(port=0, workers=2, timeout_s=1.0, reward=spec))
+    server = await build(RewardSettings(port=0, workers=2, timeout_s=1.0, reward=spec))
     await server.start()
     yield server.address
     await server.stop(grace=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipelinerl.cli import split_config_flag
+from pipelinerl.common.settings import split_config_flag
 from pipelinerl.reward.config import RewardSettings
 
 
