@@ -13,7 +13,7 @@ $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher]"
+	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed]"
 	touch $@
 
 venv: $(BIN)/pipelinerl

@@ -10,7 +10,8 @@ or one chunk stream per bucket, and one checksum per bucket checked before any t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
 import torch
 
@@ -20,6 +21,23 @@ from pipelinerl.common.weights import BucketSpec, Checksum, ChecksumAlgorithm, T
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ALIGN = 64  # keeps every tensor view aligned for vectorised copies
+
+
+class TensorSource(Protocol):
+    """Named tensors read once, in a fixed order: what `pack` takes besides a plain mapping. A sharded
+    model (ZeRO-3) gathers each tensor as it is read, so no rank ever holds the model twice."""
+
+    def specs(self) -> list[tuple[str, torch.Tensor]]:
+        """Name and a tensor of the right shape and dtype (a meta tensor will do), in read order."""
+        ...
+
+    def read(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Name and data, in the order of `specs`; a tensor may be released once the next is read."""
+        ...
+
+
+def named_specs(tensors: Mapping[str, torch.Tensor] | TensorSource) -> list[tuple[str, torch.Tensor]]:
+    return list(tensors.items()) if isinstance(tensors, Mapping) else tensors.specs()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -51,12 +69,20 @@ def plan_layout(
 
 
 def pack(
-    tensors: Mapping[str, torch.Tensor], layout: WeightLayout
+    tensors: Mapping[str, torch.Tensor] | TensorSource, layout: WeightLayout
 ) -> tuple[list[torch.Tensor], WeightLayout]:
-    """Copy tensors into CPU uint8 buckets; returns the buckets and the layout with their checksums."""
+    """Copy tensors into CPU uint8 buckets; returns the buckets and the layout with their checksums.
+    A `TensorSource` is read once, in layout order."""
     buckets = [torch.empty(b.num_bytes, dtype=torch.uint8) for b in layout.buckets]
-    for spec in layout.tensors:
-        src = tensors[spec.name].detach().to("cpu", _DTYPES[spec.dtype]).contiguous()
+    items = (
+        ((s.name, tensors[s.name]) for s in layout.tensors)
+        if isinstance(tensors, Mapping)
+        else tensors.read()
+    )
+    for spec, (name, tensor) in zip(layout.tensors, items, strict=True):
+        if name != spec.name:
+            raise ValueError(f"tensor {name!r} read where the layout has {spec.name!r}")
+        src = tensor.detach().to("cpu", _DTYPES[spec.dtype]).contiguous()
         buckets[spec.bucket][spec.offset : spec.offset + spec.num_bytes].copy_(src.view(-1).view(torch.uint8))
     specs = tuple(
         BucketSpec(b.index, b.num_bytes, Checksum(ChecksumAlgorithm.CRC32, checksum_of(buckets[b.index])))

@@ -9,6 +9,7 @@ start of streams, and respect the call's deadline. Unary calls without an explic
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -144,3 +145,10 @@ class ServiceClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (for a child process to bind)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

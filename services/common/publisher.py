@@ -132,11 +132,14 @@ class WeightPublisher:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         self._group = None
 
-    async def publish(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+    async def publish(
+        self, version: int, tensors: Mapping[str, torch.Tensor] | bucketing.TensorSource
+    ) -> None:
         """Make `version` available; returns once packed (the broadcast runs in the background)."""
         started = time.perf_counter()
-        if self._layout_plan is None or [t.name for t in self._layout_plan.tensors] != list(tensors):
-            self._layout_plan = bucketing.plan_layout(tensors.items(), self.config.bucket_bytes)
+        specs = bucketing.named_specs(tensors)
+        if self._layout_plan is None or [t.name for t in self._layout_plan.tensors] != [n for n, _ in specs]:
+            self._layout_plan = bucketing.plan_layout(specs, self.config.bucket_bytes)
         buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, self._layout_plan)
         packed = _Packed(WeightVersion(version, self.config.run_id), layout, buckets)
         self._versions[version] = packed

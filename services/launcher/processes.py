@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,16 +14,11 @@ from typing import Any
 
 import yaml
 
+from pipelinerl.common.channel import free_port
 from pipelinerl.common.health import wait_until_serving
 from pipelinerl.common.log import get_logger
 
 log = get_logger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.buckets import DEFAULT_BUCKET_BYTES
 from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.trainer.deepspeed_learner import ZeroConfig
 from pipelinerl.trainer.learner import LearnerConfig
 
 
@@ -52,6 +53,11 @@ class TrainerSettings(ServiceSettings):
     """Admitted samples waiting for a step; beyond this, SubmitSamples stops reading (backpressure)."""
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     """Optimizer, micro-batching, loss and advantages."""
+    backend: Literal["torch", "deepspeed"] = "torch"
+    """`torch`: one process, AdamW. `deepspeed`: ZeRO over every rank of a torchrun world
+    (`torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed`); rank 0 serves."""
+    zero: ZeroConfig = Field(default_factory=ZeroConfig)
+    """ZeRO stage and extra DeepSpeed config (`--backend deepspeed`)."""
     checkpoint_dir: Path | None = None
     """Where checkpoints go (`<dir>/latest`); the trainer resumes from it at start. Unset: no checkpoints."""
     checkpoint_every: int = Field(default=50, ge=1)

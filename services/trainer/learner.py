@@ -11,11 +11,11 @@
       ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1)
       └─► StepMetrics: reward, advantage, loss, grad norm, clip fraction, ESS, KL, entropy, lag, timing
 
-    state_dict_for_publish() ─► name -> tensor, the names of model.named_parameters()
+    weights_for_publish() ─► name -> tensor, the names of model.named_parameters()
     save_checkpoint(dir) / load_checkpoint(dir): HF safetensors + optimizer.pt + trainer_state.json
 
-`Learner` is the interface the trainer service drives, so a DeepSpeed backend can replace
-`TorchLearner` without the service noticing.
+`Learner` is the interface the trainer service drives; `DeepSpeedLearner` (deepspeed_learner.py)
+implements it over a world of ZeRO ranks by overriding the hooks marked below.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
+from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.advantages import AdvantageConfig, GroupAdvantages, compute_advantages
@@ -137,8 +138,8 @@ class Learner(Protocol):
         `current_version`."""
         ...
 
-    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
-        """Current weights under the inference model's parameter names."""
+    def weights_for_publish(self) -> Mapping[str, torch.Tensor] | TensorSource:
+        """Current weights under the inference model's parameter names, read before the next `step`."""
         ...
 
     def save_checkpoint(
@@ -149,6 +150,10 @@ class Learner(Protocol):
 
     def load_checkpoint(self, directory: str | Path) -> int:
         """Restore model and optimizer state from `directory`; returns the version saved there."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (other ranks, process groups)."""
         ...
 
 
@@ -175,13 +180,7 @@ class TorchLearner:
             self.reference = _frozen(copy.deepcopy(model) if reference is None else reference)
         if self.config.gradient_checkpointing:
             _enable_activation_checkpointing(model)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=self.config.lr,
-            betas=self.config.betas,
-            eps=self.config.eps,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = self._build_optimizer()
         self._pad_token_id = _pad_token_id(model)
 
     # ---- training ----------------------------------------------------------------------------
@@ -191,10 +190,10 @@ class TorchLearner:
         validate_samples(samples)
         groups = compute_advantages(samples, self.config.advantages)
         trained = groups.trained(samples)
-        plan = plan_step(trained, groups.advantages, self.config.micro_batch_tokens, self._pad_token_id)
+        plan = self._plan(trained, groups.advantages)
         prepared = time.perf_counter()
 
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         stats = self.accumulate_gradients(plan) if trained else LossStats()
         backward_done = time.perf_counter()
 
@@ -260,7 +259,7 @@ class TorchLearner:
     def _loss_inputs(self, batch: MicroBatch) -> LossInputs:
         temperature = self.config.temperature
         targets = batch.input_ids[:, 1:]
-        logits = shifted_logits(self.model, batch, temperature)
+        logits = shifted_logits(self._forward_model, batch, temperature)
         # Entropy is always reported, but only needs a graph when it is part of the loss.
         with torch.set_grad_enabled(self.config.loss.entropy_coef > 0):
             entropy = entropy_from_logits(logits)
@@ -277,6 +276,27 @@ class TorchLearner:
             entropy=entropy,
         )
 
+    # ---- hooks a distributed backend overrides --------------------------------------------------
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+
+    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float]) -> StepPlan:
+        return plan_step(trained, advantages, self.config.micro_batch_tokens, self._pad_token_id)
+
+    @property
+    def _forward_model(self) -> torch.nn.Module:
+        return self.model
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _optimizer_step(self) -> tuple[float, bool]:
         """Clip and step; a non-finite gradient skips the step so one bad batch cannot ruin the weights."""
         max_norm = self.config.grad_clip or math.inf
@@ -290,7 +310,7 @@ class TorchLearner:
 
     # ---- weights and checkpoints -------------------------------------------------------------
 
-    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+    def weights_for_publish(self) -> Mapping[str, torch.Tensor] | TensorSource:
         """Detached views of the live parameters (no copy): read them before the next `step`."""
         return {name: param.detach() for name, param in self.model.named_parameters()}
 
@@ -302,10 +322,9 @@ class TorchLearner:
         directory = Path(directory)
         staging = directory.with_name(directory.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        self.model.save_pretrained(staging, safe_serialization=True)
+        self._write_checkpoint(staging)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(staging)
-        torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
         state = {"version": version, "extra_state": dict(extra_state or {})}
         (staging / STATE_FILE).write_text(json.dumps(state, indent=2))
         _swap_in(staging, directory)
@@ -315,11 +334,22 @@ class TorchLearner:
     def load_checkpoint(self, directory: str | Path) -> int:
         directory = Path(directory)
         state = read_trainer_state(directory)
+        self._read_checkpoint(directory)
+        log.info("checkpoint loaded", directory=str(directory), version=state.version)
+        return state.version
+
+    def close(self) -> None:
+        """Nothing to release on one device."""
+
+    def _write_checkpoint(self, staging: Path) -> None:
+        """Model (HF safetensors) and optimizer state into `staging`."""
+        self.model.save_pretrained(staging, safe_serialization=True)
+        torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
+
+    def _read_checkpoint(self, directory: Path) -> None:
         _load_weights(self.model, directory, self.device)
         optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(optimizer_state)
-        log.info("checkpoint loaded", directory=str(directory), version=state.version)
-        return state.version
 
 
 def shifted_logits(model: PreTrainedModel, batch: MicroBatch, temperature: float) -> torch.Tensor:

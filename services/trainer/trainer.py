@@ -83,7 +83,7 @@ class Trainer:
             self._checkpointed = self.version
             log.info("resumed", version=self.version, trained_ids=len(self.trained_ids))
         bind_context(version=self.version)
-        await self.publisher.publish(self.version, self.learner.state_dict_for_publish())
+        await self.publisher.publish(self.version, self.learner.weights_for_publish())
         self._loop_task = asyncio.create_task(self._train_forever())
 
     async def close(self) -> None:
@@ -186,7 +186,7 @@ class Trainer:
             self.version += 1
             bind_context(version=self.version)
             publish_started = time.perf_counter()
-            await self.publisher.publish(self.version, self.learner.state_dict_for_publish())
+            await self.publisher.publish(self.version, self.learner.weights_for_publish())
             publish_s = time.perf_counter() - publish_started
         else:
             publish_s = 0.0

@@ -143,10 +143,10 @@ def test_gradient_checkpointing_does_not_change_the_step() -> None:
 def test_published_weights_carry_the_inference_models_names_and_the_new_values() -> None:
     model = build_preset("tiny", seed=0).model
     learner = TorchLearner(model, LearnerConfig(lr=1e-2))
-    initial = {name: t.clone() for name, t in learner.state_dict_for_publish().items()}
+    initial = {name: t.clone() for name, t in learner.weights_for_publish().items()}
 
     learner.step(_alternate_rewards(ToySampler(model, seed=4).groups(0, groups=2)), current_version=0)
-    published = learner.state_dict_for_publish()
+    published = learner.weights_for_publish()
 
     assert list(published) == [name for name, _ in build_preset("tiny").model.named_parameters()]
     assert not torch.equal(published["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])

@@ -1,0 +1,250 @@
+"""The DeepSpeed ZeRO backend (stages 1–3): one learner spread over the ranks of a torchrun world.
+
+    torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed --zero-stage 3
+      rank 0     the trainer service; each collective call of its learner is first sent to the others
+      rank 1..   follow(): receive a call, run it on their shard, until rank 0 closes
+
+    step(samples)        every rank gets all samples ─► same advantages and plan (deterministic)
+                         ─► micro-batches[rank::world], padded with zero-weighted replays so every
+                         rank runs as many forward/backward passes (ZeRO's collectives need it)
+                         ─► engine.step() at the accumulation boundary
+    weights_for_publish  stages 1–2: the live parameters (replicated); stage 3: a TensorSource
+                         that gathers one parameter at a time on every rank as rank 0 packs it
+    checkpoints          rank 0: HF safetensors (gathered one parameter at a time), tokenizer,
+                         trainer_state.json; every rank: its optimizer partition (DeepSpeed format)
+
+Gradients: each micro-batch's loss is its share of the whole step's loss (see batching.py) and
+DeepSpeed averages gradients over ranks, so losses are scaled by the world size; the accumulated
+gradient equals the single-process one. Calls happen one at a time (the trainer awaits each), so
+the ranks never disagree on the order of collectives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+
+from pipelinerl.common.buckets import TensorSource
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import Sample
+from pipelinerl.trainer.batching import StepPlan, plan_step
+from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
+from pipelinerl.trainer.losses import LossStats, policy_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = get_logger(__name__)
+
+DEEPSPEED_DIR = "deepspeed"
+_TAG = "state"
+# Followers wait on rank 0 between calls for as long as the trainer waits for samples.
+_CALL_TIMEOUT = timedelta(days=30)
+
+
+class ZeroConfig(BaseModel):
+    """DeepSpeed settings of the trainer (`--backend deepspeed`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: Literal[1, 2, 3] = 2
+    """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    overrides: dict[str, Any] = {}
+    """Extra DeepSpeed config keys, merged over the generated config (e.g. offload settings)."""
+
+
+class DeepSpeedLearner(TorchLearner):
+    """A `Learner` on every rank of the default process group; rank 0's calls drive the others."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: LearnerConfig | None = None,
+        zero: ZeroConfig | None = None,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.zero = zero or ZeroConfig()
+        config = config or LearnerConfig()
+        if self.zero.stage == 3 and config.loss.needs_reference:
+            raise ValueError(
+                "the KL term needs a reference model, which ZeRO-3 does not shard yet; use stage 1 or 2"
+            )
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._calls = dist.new_group(backend="gloo", timeout=_CALL_TIMEOUT)
+        super().__init__(model, config, tokenizer=tokenizer)
+
+    # ---- rank 0 drives, the others follow -----------------------------------------------------
+
+    def follow(self) -> None:
+        """On ranks other than 0: run rank 0's calls until it closes."""
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0, group=self._calls)
+            name, args = box[0]
+            if name == "close":
+                return
+            result = getattr(self, name)(*args)
+            if isinstance(result, Iterator):  # a parameter gather: take part, keep nothing
+                for _ in result:
+                    pass
+
+    def _send(self, name: str, *args: Any) -> None:
+        if self.rank == 0:
+            dist.broadcast_object_list([(name, args)], src=0, group=self._calls)
+
+    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+        self._send("step", list(samples), current_version)
+        return super().step(samples, current_version)
+
+    def weights_for_publish(self) -> Mapping[str, torch.Tensor] | TensorSource:
+        if self.zero.stage < 3:
+            return super().weights_for_publish()
+        return _GatheredParameters(self)
+
+    def save_checkpoint(
+        self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        self._send("save_checkpoint", directory, version, extra_state)
+        if self.rank != 0:
+            self._write_checkpoint(Path(directory).with_name(Path(directory).name + ".partial"))
+            return Path(directory)
+        return super().save_checkpoint(directory, version, extra_state)
+
+    def load_checkpoint(self, directory: str | Path) -> int:
+        self._send("load_checkpoint", directory)
+        return super().load_checkpoint(directory)
+
+    def close(self) -> None:
+        self._send("close")
+
+    # ---- the hooks of TorchLearner --------------------------------------------------------------
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        import deepspeed
+
+        self.engine, optimizer, _, _ = deepspeed.initialize(
+            model=self.model, model_parameters=self.model.parameters(), config=self._deepspeed_config()
+        )
+        return optimizer
+
+    def _deepspeed_config(self) -> dict[str, Any]:
+        dtype = next(self.model.parameters()).dtype
+        return {
+            # One "micro-batch" per engine step: the learner accumulates over its own micro-batches and
+            # marks the boundary itself.
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": self.zero.stage},
+            "optimizer": {
+                "type": "AdamW",
+                "params": {
+                    "lr": self.config.lr,
+                    "betas": list(self.config.betas),
+                    "eps": self.config.eps,
+                    "weight_decay": self.config.weight_decay,
+                    "torch_adam": True,  # torch.optim.AdamW: no CUDA/C++ op to build
+                },
+            },
+            "gradient_clipping": self.config.grad_clip or 0.0,
+            "bf16": {"enabled": dtype == torch.bfloat16},
+            "steps_per_print": 2**31 - 1,
+            **self.zero.overrides,
+        }
+
+    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float]) -> StepPlan:
+        """Halve the token budget until every rank has a micro-batch of its own (when there are
+        enough samples), so that the ranks share the work."""
+        budget = self.config.micro_batch_tokens
+        plan = plan_step(trained, advantages, budget, self._pad_token_id)
+        while len(plan.micro_batches) < min(self.world_size, len(trained)) and budget > 1:
+            budget //= 2
+            plan = plan_step(trained, advantages, budget, self._pad_token_id)
+        return plan
+
+    @property
+    def _forward_model(self) -> torch.nn.Module:
+        return self.engine
+
+    def _zero_grad(self) -> None:
+        """The engine zeroes gradients after each step."""
+
+    def accumulate_gradients(self, plan: StepPlan) -> LossStats:
+        mine = plan.micro_batches[self.rank :: self.world_size]
+        passes = math.ceil(len(plan.micro_batches) / self.world_size)
+        stats = LossStats()
+        self.engine.train()
+        try:
+            for index in range(passes):
+                real = index < len(mine)
+                batch = mine[index] if real else plan.micro_batches[0]
+                output = policy_loss(self._loss_inputs(batch.to(self.device)), self.config.loss, plan.totals)
+                self.engine.set_gradient_accumulation_boundary(index == passes - 1)
+                self.engine.backward(output.loss * (self.world_size if real else 0.0))
+                if real:
+                    stats += output.stats
+        finally:
+            self.engine.eval()
+        gathered: list[LossStats | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, stats, group=self._calls)
+        return sum((s for s in gathered if s is not None), LossStats())
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """DeepSpeed clips and steps; in fp32/bf16 it cannot skip a step, so a non-finite gradient is
+        reported, not avoided (the torch backend skips it)."""
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else math.nan
+        if not math.isfinite(grad_norm):
+            log.warning("non-finite gradient norm under DeepSpeed; the step was taken", grad_norm=grad_norm)
+        return grad_norm, True
+
+    def _gather_each(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter in full, one at a time (a collective under ZeRO-3: all ranks iterate)."""
+        import deepspeed
+
+        for name, param in self.model.named_parameters():
+            if self.zero.stage < 3:
+                yield name, param.detach()
+                continue
+            with deepspeed.zero.GatheredParameters([param]):
+                yield name, param.detach()
+
+    def _write_checkpoint(self, staging: Path) -> None:
+        dist.barrier(group=self._calls)  # rank 0 has cleared the staging directory
+        state = {name: tensor.to("cpu", copy=True) for name, tensor in self._gather_each() if self.rank == 0}
+        if self.rank == 0:
+            staging.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(staging, state_dict=state, safe_serialization=True)
+        self.engine.save_checkpoint(str(staging / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
+        dist.barrier(group=self._calls)  # every rank's partition is on disk before rank 0 swaps
+
+    def _read_checkpoint(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=_TAG)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed state under {directory / DEEPSPEED_DIR}")
+
+
+class _GatheredParameters:
+    """ZeRO-3 weights for the publisher: shapes from the partition metadata, data gathered on read."""
+
+    def __init__(self, learner: DeepSpeedLearner) -> None:
+        self.learner = learner
+
+    def specs(self) -> list[tuple[str, torch.Tensor]]:
+        return [
+            (name, torch.empty(param.ds_shape, dtype=param.dtype, device="meta"))
+            for name, param in self.learner.model.named_parameters()
+        ]
+
+    def read(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.learner._send("_gather_each")
+        return self.learner._gather_each()
