@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.buckets import DEFAULT_BUCKET_BYTES
@@ -19,6 +19,13 @@ from pipelinerl.trainer.learner import LearnerConfig
 class LagPolicy(enum.StrEnum):
     DROP = "drop"
     """A sample older than `max_lag` is discarded (acked DROPPED, counted)."""
+    WAIT = "wait"
+    """The trainer does not outrun generation: it holds its next step (version v → v + 1) until it
+    has admitted a sample with a token of version ≥ v + 1 − max_lag, i.e. until the inference servers
+    have caught up. The held step fills the buffer, so SubmitSamples stops reading (backpressure)
+    until fresh data arrives. A sample that is still over `max_lag` (a sequence that outlived that
+    many versions) is kept, as with `reweight`. Needs max_lag ≥ 1; with a full buffer the trainer
+    steps anyway (logged), so a stalled generator cannot deadlock it."""
     REWEIGHT = "reweight"
     """A sample older than `max_lag` is trained on anyway; the loss's truncated importance weight
     bounds its influence."""
@@ -53,6 +60,15 @@ class TrainerSettings(ServiceSettings):
     """Admitted samples waiting for a step; beyond this, SubmitSamples stops reading (backpressure)."""
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     """Optimizer, micro-batching, loss and advantages."""
+
+    @model_validator(mode="after")
+    def _wait_needs_lag(self) -> TrainerSettings:
+        if self.lag_policy is LagPolicy.WAIT and self.max_lag < 1:
+            raise ValueError(
+                "lag_policy wait needs max_lag >= 1: version v + 1 cannot be generated before it exists"
+            )
+        return self
+
     backend: Literal["torch", "deepspeed"] = "torch"
     """`torch`: one process, AdamW. `deepspeed`: ZeRO over every rank of a torchrun world
     (`torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed`); rank 0 serves."""

@@ -2,9 +2,10 @@
 
     SubmitSamples ──admit──► duplicate? ──► DUPLICATE
                               future version? ──► REJECTED (INVALID_ARGUMENT naming the field)
-                              lag > max_lag? ──► DROPPED (policy drop) / kept (policy reweight)
+                              lag > max_lag? ──► DROPPED (policy drop) / kept (reweight, wait)
                               └─► ACCEPTED ──► group buffer ── group complete ──► ready groups
-    training loop: ready ≥ samples_per_step ──► learner.step (thread) ──► version + 1
+    training loop: ready ≥ samples_per_step (policy wait: and fresh data seen, see LagPolicy.WAIT)
+                   ──► learner.step (thread) ──► version + 1
                    ──► publisher.publish ──► TRAINED acks ──► metrics line ──► checkpoint every N
 
 Samples arrive by group and are trained by whole groups, since advantages are relative to the
@@ -68,6 +69,8 @@ class Trainer:
         self._ready: list[_Group] = []
         self._buffered = 0
         self._counts = {"dropped": 0, "rejected": 0}
+        self._freshest = -1
+        """Newest token version of any admitted sample: how far generation has caught up."""
         self._tokens_per_s = 0.0
         self._changed = asyncio.Condition()
         self._loop_task: asyncio.Task[None] | None = None
@@ -146,6 +149,7 @@ class Trainer:
             return
         group = self._groups.setdefault(sample.group_id, _Group(sample.group_size))
         group.arrived += 1
+        self._freshest = max(self._freshest, max(sample.completion.versions))
         lag = self.version - min(sample.completion.versions)
         if lag > self.config.max_lag and self.config.lag_policy is LagPolicy.DROP:
             self._counts["dropped"] += 1
@@ -164,23 +168,43 @@ class Trainer:
     def _ready_samples(self) -> int:
         return sum(len(g.samples) for g in self._ready)
 
+    def _generation_caught_up(self) -> bool:
+        """Policy wait: may the trainer take the step to version + 1? (Always, for other policies.)"""
+        if self.config.lag_policy is not LagPolicy.WAIT:
+            return True
+        if self._freshest >= self.version + 1 - self.config.max_lag:
+            return True
+        if self._buffered >= self.config.max_buffered_samples:
+            log.warning(
+                "lag policy wait: buffer full of stale samples, stepping anyway", freshest=self._freshest
+            )
+            return True
+        return False
+
     async def _train_forever(self) -> None:
         while True:
+            idle_since = time.perf_counter()
             async with self._changed:
                 await self._changed.wait_for(
-                    lambda: self._stopping or self._ready_samples() >= self.config.samples_per_step
+                    lambda: (
+                        self._stopping
+                        or (
+                            self._ready_samples() >= self.config.samples_per_step
+                            and self._generation_caught_up()
+                        )
+                    )
                 )
                 if self._stopping:
                     return
                 batch: list[_Group] = []
                 while self._ready and sum(len(g.samples) for g in batch) < self.config.samples_per_step:
                     batch.append(self._ready.pop(0))
-            await self._train(batch)
+            await self._train(batch, wait_s=time.perf_counter() - idle_since)
 
-    async def _train(self, groups: list[_Group]) -> None:
+    async def _train(self, groups: list[_Group], wait_s: float) -> None:
         entries = [entry for group in groups for entry in group.samples]
         samples = [sample for sample, _ in entries]
-        waited = time.perf_counter()
+        started = time.perf_counter()
         metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
         if metrics.stepped:
             self.version += 1
@@ -198,13 +222,14 @@ class Trainer:
             self._buffered -= len(entries)
             self._changed.notify_all()
         self._tokens_per_s = metrics.tokens_per_s
-        self._record(metrics, publish_s, time.perf_counter() - waited)
+        self._record(metrics, wait_s, publish_s, time.perf_counter() - started)
         if metrics.stepped and self.version % self.config.checkpoint_every == 0:
             await self._checkpoint()
 
-    def _record(self, metrics: StepMetrics, publish_s: float, step_s: float) -> None:
+    def _record(self, metrics: StepMetrics, wait_s: float, publish_s: float, step_s: float) -> None:
         line = {
             "version": self.version,
+            "wait_s": wait_s,
             "publish_s": publish_s,
             "step_s": step_s,
             **dataclasses.asdict(metrics),

@@ -1,0 +1,118 @@
+"""The trainer's lag policies through the service: a sample with stale tokens is dropped, trained
+with its importance weight truncated, or makes the trainer wait for fresh data."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pipelinerl.common.types import Sample
+from pipelinerl.trainer.__main__ import build
+from pipelinerl.trainer.client import TrainerClient
+from pipelinerl.trainer.config import LagPolicy, TrainerSettings
+from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.types import Disposition, SampleAck
+from tests.integration.test_trainer_loop import batches, final, group
+
+pytestmark = pytest.mark.slow
+
+
+def settings(tmp_path: Path, policy: LagPolicy, max_lag: int) -> TrainerSettings:
+    return TrainerSettings(
+        port=0, run_id="lag", samples_per_step=2, max_lag=max_lag, lag_policy=policy,
+        metrics_file=tmp_path / "metrics.jsonl", learner=LearnerConfig(lr=1e-3), broadcast_backend="none",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "disposition"), [("drop", Disposition.DROPPED), ("reweight", Disposition.TRAINED)]
+)
+async def test_stale_sample_is_dropped_or_reweighted(
+    tmp_path: Path, policy: str, disposition: Disposition
+) -> None:
+    server = await build(settings(tmp_path, LagPolicy(policy), max_lag=0))
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            acks = [a async for a in client.submit(batches(group("a", 0, [0, 1])))]
+            assert final(acks) == dict.fromkeys(["a-0", "a-1"], Disposition.TRAINED)
+            # Version 1 now: version-0 tokens are one version over max_lag 0.
+            acks = [a async for a in client.submit(batches(group("stale", 0, [0, 1])))]
+            assert final(acks) == dict.fromkeys(["stale-0", "stale-1"], disposition)
+            status = await client.status()
+            assert status.dropped_samples == (2 if disposition is Disposition.DROPPED else 0)
+            assert status.version.version == (1 if disposition is Disposition.DROPPED else 2)
+    finally:
+        await server.stop(grace=1)
+
+
+class Stream:
+    """One SubmitSamples stream fed group by group, its acks collected as they come."""
+
+    def __init__(self, client: TrainerClient) -> None:
+        self._queue: asyncio.Queue[Sequence[Sample]] = asyncio.Queue()
+        self.acks: list[SampleAck] = []
+        self._task = asyncio.create_task(self._read(client))
+
+    async def _requests(self) -> AsyncIterator[Sequence[Sample]]:
+        while True:
+            yield await self._queue.get()
+
+    async def _read(self, client: TrainerClient) -> None:
+        async for ack in client.submit(self._requests()):
+            self.acks.append(ack)
+
+    async def send(self, samples: Sequence[Sample]) -> None:
+        await self._queue.put(samples)
+
+    async def trained(self, *sample_ids: str, timeout_s: float = 30) -> set[int]:
+        """Wait until every id is TRAINED; the versions their step produced."""
+        async with asyncio.timeout(timeout_s):
+            while not set(sample_ids) <= {
+                a.sample_id for a in self.acks if a.disposition is Disposition.TRAINED
+            }:
+                await asyncio.sleep(0.02)
+        return {
+            a.version for a in self.acks if a.sample_id in sample_ids and a.disposition is Disposition.TRAINED
+        }
+
+    async def close(self) -> None:
+        """Leave without waiting: samples still held would keep the stream open."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def test_wait_holds_the_next_step_until_generation_catches_up(tmp_path: Path) -> None:
+    server = await build(settings(tmp_path, LagPolicy.WAIT, max_lag=1))
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            stream = Stream(client)
+            await stream.send(group("a", 0, [0, 1]))
+            assert await stream.trained("a-0", "a-1") == {1}
+            # At version 1, stepping to 2 needs tokens of version >= 2 - max_lag = 1; these are version 0.
+            await stream.send(group("old", 0, [0, 1]))
+            await asyncio.sleep(1.5)
+            held = {a.sample_id: a.disposition for a in stream.acks if a.sample_id.startswith("old")}
+            assert held == dict.fromkeys(["old-0", "old-1"], Disposition.ACCEPTED)
+            assert (await client.status()).version.version == 1
+            # A version-1 sample shows the inference side caught up: the held group trains, kept (not
+            # dropped) although it is stale by then; the fresh group now waits for version-2 tokens.
+            await stream.send(group("fresh", 1, [0, 1]))
+            assert await stream.trained("old-0", "old-1") == {2}
+            await asyncio.sleep(1.5)
+            assert (await client.status()).version.version == 2
+            await stream.send(group("newer", 2, [0, 1]))
+            assert await stream.trained("fresh-0", "fresh-1") == {3}
+            await stream.close()
+    finally:
+        await server.stop(grace=1)
+
+
+def test_wait_needs_a_positive_max_lag() -> None:
+    with pytest.raises(ValidationError, match="max_lag >= 1"):
+        TrainerSettings(lag_policy=LagPolicy.WAIT, max_lag=0)
