@@ -56,6 +56,9 @@ class RunSettings(LayeredSettings):
     """Stop early once the mean reward reaches this."""
     inference_servers: int = Field(default=1, ge=1)
     """Inference server processes."""
+    trainer_ranks: int = Field(default=1, ge=1)
+    """Trainer processes. Above 1 the trainer runs the DeepSpeed ZeRO backend over that many ranks
+    under torchrun (stage from `trainer: {zero: {stage: N}}`, 2 by default)."""
     engine: Literal["builtin", "vllm"] = "builtin"
     """Inference engine. `vllm` runs the inference servers with `vllm_python` (`make vllm-env`)."""
     vllm_python: Path = Path(".venv-vllm/bin/python")

@@ -67,8 +67,11 @@ def start_service(
     run_dir: Path,
     cores: set[int] | None = None,
     python: str = sys.executable,
+    ranks: int = 1,
 ) -> ServiceProcess:
-    """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`."""
+    """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`; with
+    `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
+    The CPU seconds of torchrun's ranks count once they have exited."""
     port = int(settings.get("port") or free_port())
     config_path = run_dir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({**settings, "port": port, "host": "127.0.0.1"}, sort_keys=False))
@@ -79,7 +82,7 @@ def start_service(
         env["OMP_NUM_THREADS"] = str(threads)
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
-            [python, "-m", module, "--config", str(config_path)],
+            [*_launcher(python, ranks), "-m", module, "--config", str(config_path)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -97,3 +100,10 @@ async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
         code = await asyncio.to_thread(service.stop)
         log.info("stopped", service=service.name, exit_code=code)
     return cpu
+
+
+def _launcher(python: str, ranks: int) -> list[str]:
+    if ranks == 1:
+        return [python]
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), *rendezvous]

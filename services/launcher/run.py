@@ -83,6 +83,8 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
                     "advantages": {"skip_zero_variance": False}},
     }  # fmt: skip
+    if settings.trainer_ranks > 1:
+        trainer["backend"] = "deepspeed"
     inference = {
         "model": settings.model,
         "seed": settings.seed,
@@ -110,7 +112,14 @@ async def launch(
     processes = [] if processes is None else processes
     try:
         processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
-        trainer = start_service("trainer", "pipelinerl.trainer", configs["trainer"], run_dir, trainer_cores)
+        trainer = start_service(
+            "trainer",
+            "pipelinerl.trainer",
+            configs["trainer"],
+            run_dir,
+            trainer_cores,
+            ranks=settings.trainer_ranks,
+        )
         processes.append(trainer)
         await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
         inference = [
