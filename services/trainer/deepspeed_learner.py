@@ -25,11 +25,11 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
@@ -54,7 +54,7 @@ class ZeroConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    stage: Literal[1, 2, 3] = 2
+    stage: int = Field(default=2, ge=1, le=3)
     """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     overrides: dict[str, Any] = {}
     """Extra DeepSpeed config keys, merged over the generated config (e.g. offload settings)."""
