@@ -6,7 +6,8 @@ trainer to separate cores with one thread each; sync mode gives each phase every
 never run at once). The launcher does this placement; see `pipelinerl.launcher.run`.
 
     python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--lr 3e-4]
-                                          [--dataset builtin:copy:2]
+                                          [--dataset builtin:copy:2] [--model tiny]
+                                          [--max-new-tokens 3]
 
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
@@ -46,6 +47,8 @@ def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float
         mode=mode,
         run_dir=run_dir,
         dataset=args.dataset,
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         lr=args.lr,
         max_samples=args.samples,
@@ -68,6 +71,9 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=40960, help="trained samples per run")
     parser.add_argument("--target", type=float, default=0.6, help="reward for time-to-reward")
     parser.add_argument("--dataset", default="builtin:copy:2")
+    parser.add_argument("--model", default=RunSettings.model_fields["model"].default)
+    defaults = RunSettings.model_fields
+    parser.add_argument("--max-new-tokens", type=int, default=defaults["max_new_tokens"].default)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=RunSettings.model_fields["lr"].default)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
@@ -92,6 +98,9 @@ def main() -> int:
         "sync_ess": round(sync_trainer["ess"], 3),
         "samples": args.samples,
         "lr": args.lr,
+        "dataset": args.dataset,
+        "model": args.model,
+        "max_new_tokens": args.max_new_tokens,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
         "pipeline_seconds": round(pipeline.elapsed_s, 1),
