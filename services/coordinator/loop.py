@@ -47,6 +47,23 @@ class _Counters:
     dropped: int = 0
     finished: int = 0
 
+    @classmethod
+    def so_far(cls, counts: dict[str, int]) -> _Counters:
+        """The run's counters from the journal's `counts`, so a resumed run's budget and progress
+        span restarts. Attempts still in flight count as far as they got, once: generated and
+        scored are counted where that happens, and a resend's DUPLICATE ack counts as nothing."""
+        acked = {key.removeprefix("acked:"): n for key, n in counts.items() if key.startswith("acked:")}
+        failed = sum(n for d, n in acked.items() if d.startswith("failed:"))
+        unscored = sum(n for d, n in acked.items() if d.startswith("unscored:"))
+        scored = counts.get("scored", 0) + sum(acked.values()) - failed - unscored
+        return cls(
+            dispatched=sum(counts.values()),
+            generated=counts.get("generated", 0) + scored + unscored,
+            scored=scored,
+            trained=acked.get("trained", 0),
+            dropped=acked.get("dropped", 0),
+        )
+
 
 class RunLoop:
     def __init__(
@@ -66,7 +83,7 @@ class RunLoop:
         self._reward = reward
         self._submitter = submitter
         self._problems = problems
-        self._counts = _Counters()
+        self._counts = _Counters.so_far(journal.counts(run_id))  # zeros for a new run
         self._rewards: deque[float] = deque(maxlen=WINDOW)
         self._correct: deque[bool] = deque(maxlen=WINDOW)
         self._lags: deque[float] = deque(maxlen=WINDOW)

@@ -1,11 +1,15 @@
-"""The journal: attempt states survive a reopen, and a resumed run sees exactly what is unfinished."""
+"""The journal: attempt states survive a reopen, a resumed run sees exactly what is unfinished, and
+its progress (and so its sample budget) counts what the run did before the restart."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.coordinator.loop import RunLoop
+from pipelinerl.coordinator.types import RunSpec
 
 
 def group(index: int) -> GroupRecord:
@@ -38,3 +42,28 @@ def test_states_survive_reopen_and_drive_resumption(tmp_path: Path) -> None:
     assert generated.completion == tokens and generated.prompt_token_ids == [1, 3]
     assert generated.finish_reason is FinishReason.LENGTH
     assert reopened.counts("r") == {"acked:trained": 3, "generated": 1, "created": 2}
+
+
+def test_a_resumed_run_counts_what_the_journal_holds(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    journal.create_run("r", {"dataset": "builtin:copy:2"})
+    for index in range(3):
+        journal.add_group("r", group(index))
+    tokens = TokenSequence([5], [-0.1], [0])
+    generated = ["r-p0-a0", "r-p0-a1", "r-p0-a2", "r-p1-a0", "r-p1-a1"]
+    for sample_id in generated:
+        journal.mark_generated(sample_id, [1], tokens, "5", FinishReason.STOP, "127.0.0.1:1")
+    journal.mark_scored([(sample_id, 1.0, True) for sample_id in generated[:4]])
+    journal.mark_acked("r-p0-a0", "trained", 1)
+    journal.mark_acked("r-p0-a1", "dropped", 1)
+    journal.mark_acked("r-p0-a2", "duplicate", 1)
+    journal.mark_acked("r-p1-a2", "failed:INVALID_ARGUMENT", -1)  # never generated
+    journal.mark_acked("r-p1-a1", "unscored:INTERNAL", -1)  # generated, not scored
+
+    stub = SimpleNamespace(snapshot=list, latest_version=1)
+    spec = RunSpec("builtin:copy:2", group_size=3, max_samples=9)
+    loop = RunLoop("r", spec, journal, stub, stub, stub, iter(()))  # type: ignore[arg-type]
+
+    progress = loop.progress()
+    assert (progress.dispatched, progress.generated, progress.scored) == (9, 5, 4)
+    assert (progress.trained, progress.dropped) == (1, 1)
