@@ -42,7 +42,7 @@ AckSink = Callable[[SampleAck], None]
 class _Group:
     size: int
     arrived: int = 0
-    samples: list[tuple[Sample, AckSink]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ class Trainer:
         self.version = 0
         self.trained_ids: set[str] = set()
         self._groups: dict[str, _Group] = {}
+        self._held: dict[str, AckSink] = {}
+        """Accepted, not yet trained: sample id -> where its final ack goes (the latest stream that
+        sent it, so a coordinator that reconnected and resent it hears the outcome)."""
         self._ready: list[_Group] = []
         self._buffered = 0
         self._counts = {"dropped": 0, "rejected": 0}
@@ -88,6 +91,7 @@ class Trainer:
         bind_context(version=self.version)
         await self.publisher.publish(self.version, self.learner.weights_for_publish())
         self._loop_task = asyncio.create_task(self._train_forever())
+        self._loop_task.add_done_callback(_report_failure)
 
     async def close(self) -> None:
         """Let a step in progress finish (its acks are out already), then checkpoint and stop."""
@@ -129,11 +133,12 @@ class Trainer:
     # ---- admission ----------------------------------------------------------------------------
 
     def _admit_one(self, index: int, sample: Sample, on_ack: AckSink) -> None:
-        group = self._groups.get(sample.group_id)
-        if sample.sample_id in self.trained_ids or (
-            group is not None and any(s.sample_id == sample.sample_id for s, _ in group.samples)
-        ):
+        if sample.sample_id in self.trained_ids:
             on_ack(SampleAck(sample.sample_id, Disposition.DUPLICATE, self.version))
+            return
+        if sample.sample_id in self._held:  # resent while buffered or in a step: not admitted twice
+            self._held[sample.sample_id] = on_ack
+            on_ack(SampleAck(sample.sample_id, Disposition.ACCEPTED, self.version))
             return
         if max(sample.completion.versions) > self.version:
             error = InvalidArgument.field(
@@ -155,7 +160,8 @@ class Trainer:
             self._counts["dropped"] += 1
             on_ack(SampleAck(sample.sample_id, Disposition.DROPPED, self.version))
         else:
-            group.samples.append((sample, on_ack))
+            group.samples.append(sample)
+            self._held[sample.sample_id] = on_ack
             self._buffered += 1
             on_ack(SampleAck(sample.sample_id, Disposition.ACCEPTED, self.version))
         if group.arrived >= group.size:
@@ -202,8 +208,7 @@ class Trainer:
             await self._train(batch, wait_s=time.perf_counter() - idle_since)
 
     async def _train(self, groups: list[_Group], wait_s: float) -> None:
-        entries = [entry for group in groups for entry in group.samples]
-        samples = [sample for sample, _ in entries]
+        samples = [sample for group in groups for sample in group.samples]
         started = time.perf_counter()
         metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
         if metrics.stepped:
@@ -215,11 +220,11 @@ class Trainer:
         else:
             publish_s = 0.0
         disposition = Disposition.TRAINED if metrics.stepped else Disposition.DROPPED
-        for sample, on_ack in entries:
+        for sample in samples:
             self.trained_ids.add(sample.sample_id)
-            on_ack(SampleAck(sample.sample_id, disposition, self.version))
+            self._held.pop(sample.sample_id)(SampleAck(sample.sample_id, disposition, self.version))
         async with self._changed:
-            self._buffered -= len(entries)
+            self._buffered -= len(samples)
             self._changed.notify_all()
         self._tokens_per_s = metrics.tokens_per_s
         self._record(metrics, wait_s, publish_s, time.perf_counter() - started)
@@ -250,3 +255,8 @@ class Trainer:
             extra = {"trained_ids": sorted(self.trained_ids)}
             await asyncio.to_thread(self.learner.save_checkpoint, latest, self.version, extra)
             self._checkpointed = self.version
+
+
+def _report_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("training loop failed; no further steps", exc_info=error)

@@ -4,10 +4,8 @@ trains no sample twice (a resend's only effect is a DUPLICATE ack, or the TRAINE
 the trainer already held).
 
 The kill lands while the trainer holds samples of the killed coordinator's stream (acked ACCEPTED,
-waiting for a full batch), so the resumed run resends samples the trainer has but has not trained.
-The trainer admits such a resend as a new sample (it dedupes against trained ids and incomplete
-groups only), so a batch can hold one id twice: the step fails and training stops. Until the
-trainer dedupes held ids too, this test is expected to fail (strict: it flags the fix).
+waiting for a full batch), so the resumed run resends samples the trainer has but has not trained:
+the trainer keeps one copy and sends its final ack to the new stream.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_al
 from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, _placement, _service_settings, _spec, merge
 from pipelinerl.trainer.client import TrainerClient
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.xfail(strict=True, reason="the trainer admits a resent id it holds untrained a second time"),
-]
+pytestmark = pytest.mark.slow
 
 BUDGET = 2048  # 16 trainer steps of 128
 KILL_AFTER = 384  # trained samples before the coordinator is killed

@@ -4,19 +4,17 @@ with its importance weight truncated, or makes the trainer wait for fresh data."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from pipelinerl.common.types import Sample
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import LagPolicy, TrainerSettings
 from pipelinerl.trainer.learner import LearnerConfig
-from pipelinerl.trainer.types import Disposition, SampleAck
-from tests.integration.test_trainer_loop import batches, final, group
+from pipelinerl.trainer.types import Disposition
+from tests.integration.test_trainer_loop import Stream, batches, final, group
 
 pytestmark = pytest.mark.slow
 
@@ -48,42 +46,6 @@ async def test_stale_sample_is_dropped_or_reweighted(
             assert status.version.version == (1 if disposition is Disposition.DROPPED else 2)
     finally:
         await server.stop(grace=1)
-
-
-class Stream:
-    """One SubmitSamples stream fed group by group, its acks collected as they come."""
-
-    def __init__(self, client: TrainerClient) -> None:
-        self._queue: asyncio.Queue[Sequence[Sample]] = asyncio.Queue()
-        self.acks: list[SampleAck] = []
-        self._task = asyncio.create_task(self._read(client))
-
-    async def _requests(self) -> AsyncIterator[Sequence[Sample]]:
-        while True:
-            yield await self._queue.get()
-
-    async def _read(self, client: TrainerClient) -> None:
-        async for ack in client.submit(self._requests()):
-            self.acks.append(ack)
-
-    async def send(self, samples: Sequence[Sample]) -> None:
-        await self._queue.put(samples)
-
-    async def trained(self, *sample_ids: str, timeout_s: float = 30) -> set[int]:
-        """Wait until every id is TRAINED; the versions their step produced."""
-        async with asyncio.timeout(timeout_s):
-            while not set(sample_ids) <= {
-                a.sample_id for a in self.acks if a.disposition is Disposition.TRAINED
-            }:
-                await asyncio.sleep(0.02)
-        return {
-            a.version for a in self.acks if a.sample_id in sample_ids and a.disposition is Disposition.TRAINED
-        }
-
-    async def close(self) -> None:
-        """Leave without waiting: samples still held would keep the stream open."""
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def test_wait_holds_the_next_step_until_generation_catches_up(tmp_path: Path) -> None:

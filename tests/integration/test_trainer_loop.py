@@ -3,6 +3,7 @@ a receiver, and a resume from checkpoint that trains nothing twice."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -39,6 +40,42 @@ async def batches(*groups: list[Sample]) -> AsyncIterator[list[Sample]]:
 
 def final(acks: list[SampleAck]) -> dict[str, Disposition]:
     return {a.sample_id: a.disposition for a in acks if a.disposition.final}
+
+
+class Stream:
+    """One SubmitSamples stream fed group by group, its acks collected as they come."""
+
+    def __init__(self, client: TrainerClient) -> None:
+        self._queue: asyncio.Queue[Sequence[Sample]] = asyncio.Queue()
+        self.acks: list[SampleAck] = []
+        self._task = asyncio.create_task(self._read(client))
+
+    async def _requests(self) -> AsyncIterator[Sequence[Sample]]:
+        while True:
+            yield await self._queue.get()
+
+    async def _read(self, client: TrainerClient) -> None:
+        async for ack in client.submit(self._requests()):
+            self.acks.append(ack)
+
+    async def send(self, samples: Sequence[Sample]) -> None:
+        await self._queue.put(samples)
+
+    async def trained(self, *sample_ids: str, timeout_s: float = 30) -> set[int]:
+        """Wait until every id is TRAINED; the versions their step produced."""
+        async with asyncio.timeout(timeout_s):
+            while not set(sample_ids) <= {
+                a.sample_id for a in self.acks if a.disposition is Disposition.TRAINED
+            }:
+                await asyncio.sleep(0.02)
+        return {
+            a.version for a in self.acks if a.sample_id in sample_ids and a.disposition is Disposition.TRAINED
+        }
+
+    async def close(self) -> None:
+        """Leave without waiting: samples still held would keep the stream open."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 def settings(tmp_path: Path) -> TrainerSettings:
@@ -89,3 +126,27 @@ async def test_train_publish_lag_and_resume(tmp_path: Path) -> None:
             assert final(acks) == {"a-0": Disposition.DUPLICATE, "a-1": Disposition.DUPLICATE}
     finally:
         await resumed.stop(grace=1)
+
+
+async def test_a_sample_resent_while_held_is_trained_once_and_acked_on_the_new_stream(tmp_path: Path) -> None:
+    server = await build(settings(tmp_path))
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            first = Stream(client)
+            await first.send(group("a", 0, [0, 1]))  # a complete group, half a step: held
+            async with asyncio.timeout(10):
+                while len(first.acks) < 2:
+                    await asyncio.sleep(0.02)
+            await first.close()  # the coordinator lost its stream and reconnects
+            second = Stream(client)
+            await second.send(group("a", 0, [0, 1]))
+            await second.send(group("b", 0, [0, 1]))
+            assert await second.trained("a-0", "a-1", "b-0", "b-1") == {1}
+            await second.close()
+            status = await client.status()
+            assert (status.version.version, status.trained_samples) == (1, 4)
+    finally:
+        await server.stop(grace=1)
+    [metrics] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["samples"] == 4
