@@ -113,7 +113,7 @@ class DeepSpeedLearner(TorchLearner):
     def save_checkpoint(
         self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
     ) -> Path:
-        self._send("save_checkpoint", directory, version, extra_state)
+        self._send("save_checkpoint", directory, version, None)  # extra_state is rank 0's to write
         if self.rank != 0:
             self._write_checkpoint(Path(directory).with_name(Path(directory).name + ".partial"))
             return Path(directory)
