@@ -31,9 +31,10 @@ log = get_logger("benchmark")
 
 
 def trainer_means(run_dir: Path) -> dict[str, float]:
-    """Mean ESS and per-phase seconds of the trainer's optimizer steps."""
+    """Mean ESS and per-phase seconds of the trainer's optimizer steps (`wait_s`: waiting for data,
+    which in sync mode is the generate-and-score phase of each round)."""
     lines = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
-    keys = ("ess", "forward_backward_s", "optimizer_s", "publish_s", "step_s")
+    keys = ("ess", "wait_s", "forward_backward_s", "optimizer_s", "publish_s", "step_s")
     return {key: statistics.fmean(line[key] for line in lines) for key in keys}
 
 
@@ -103,6 +104,8 @@ def main() -> int:
         "max_new_tokens": args.max_new_tokens,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
+        "pipeline_trainer_wait_s": round(pipeline_trainer["wait_s"], 4),
+        "sync_trainer_wait_s": round(sync_trainer["wait_s"], 4),
         "pipeline_seconds": round(pipeline.elapsed_s, 1),
         "sync_seconds": round(sync.elapsed_s, 1),
         # Where the CPU went: seconds of CPU per service over each run (two cores available).
