@@ -11,7 +11,10 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
 
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
-final_reward_sync, mean_lag, ess (plus the target and per-phase trainer timings).
+final_reward_sync, mean_lag, ess; plus the target, sustained_time_to_reward_ratio (crossings of the
+mean over the last 4,096 samples), throughput_ceiling (sync wall time × cores / the pipeline's CPU
+seconds: the most overlap can gain on this machine), per-phase trainer timings and CPU seconds per
+service.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +32,8 @@ from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.run import RunResult, launch
 
 log = get_logger("benchmark")
+
+SUSTAIN_SAMPLES = 4096
 
 
 def trainer_means(run_dir: Path) -> dict[str, float]:
@@ -63,8 +69,30 @@ def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float
 
 
 def time_to(result: RunResult, target: float) -> float | None:
+    """First time the reward (the coordinator's moving mean of the last 256 samples) reaches `target`."""
     points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     return next((p["elapsed_s"] for p in points if p["trained"] > 0 and p["reward"] >= target), None)
+
+
+def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMPLES) -> float | None:
+    """First time the mean of the reward points over the last `span` trained samples reaches
+    `target`: less sensitive to one lucky window than `time_to`."""
+    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    for i, point in enumerate(points):
+        window = [p["reward"] for p in points[: i + 1] if p["trained"] > point["trained"] - span]
+        if point["trained"] >= span and statistics.fmean(window) >= target:
+            return point["elapsed_s"]
+    return None
+
+
+def throughput_ceiling(out: Path, sync_seconds: float) -> float:
+    """The most the pipeline could gain with every core busy: sync wall time × cores over the CPU
+    seconds the pipeline needed for the same samples."""
+    return sync_seconds * len(os.sched_getaffinity(0)) / sum(cpu_seconds(out / "pipeline").values())
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
 
 
 def main() -> int:
@@ -91,7 +119,11 @@ def main() -> int:
         "target_reward": args.target,
         "pipeline_time_to_reward_s": t_pipeline,
         "sync_time_to_reward_s": t_sync,
-        "time_to_reward_ratio": round(t_sync / t_pipeline, 2) if t_pipeline and t_sync else None,
+        "time_to_reward_ratio": ratio(t_sync, t_pipeline),
+        "sustained_time_to_reward_ratio": ratio(
+            time_to_sustained(sync, args.target), time_to_sustained(pipeline, args.target)
+        ),
+        "throughput_ceiling": round(throughput_ceiling(Path(args.out), sync.elapsed_s), 2),
         "final_reward_pipeline": round(pipeline.final_reward, 3),
         "final_reward_sync": round(sync.final_reward, 3),
         "mean_lag": round(pipeline.mean_lag, 2),
