@@ -65,6 +65,10 @@ class RunSettings(LayeredSettings):
     """Interpreter of the vLLM virtualenv (vLLM pins its own torch, so it lives apart)."""
     pin_cores: bool = True
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
+    coordinator_address: str | None = None
+    """`host:port` of a coordinator already running with its services (docker compose, a cluster):
+    start the run there and follow it, starting no process. The service sections and the placement
+    settings below then do not apply; the services' own settings do."""
     reward: dict[str, Any] = Field(default_factory=dict)
     """Extra settings of the reward service."""
     trainer: dict[str, Any] = Field(default_factory=dict)

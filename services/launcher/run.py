@@ -104,9 +104,12 @@ async def launch(
     on_progress: Callable[[RunInfo, float], None] | None = None,
     processes: list[ServiceProcess] | None = None,
 ) -> RunResult:
-    """Run to the end. `processes`, if given, receives the handles of the services as they start."""
+    """Run to the end. `processes`, if given, receives the handles of the services as they start.
+    With `settings.coordinator_address`, drive a run on services that are already up instead."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    if settings.coordinator_address is not None:
+        return await _drive(settings, settings.coordinator_address, on_progress)
     threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
     processes = [] if processes is None else processes
