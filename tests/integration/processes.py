@@ -41,3 +41,24 @@ async def server_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def start_trainer(command: list[str], address: str, timeout_s: float = 120) -> subprocess.Popen[bytes]:
+    """Run a trainer command (python -m pipelinerl.trainer ..., or under torchrun) until it answers
+    GetStatus at `address`."""
+    from pipelinerl.trainer.client import TrainerClient
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for _ in range(int(timeout_s * 10)):
+        if proc.poll() is not None:
+            raise RuntimeError(f"trainer exited: {proc.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
+        try:
+            async with TrainerClient(address) as client:
+                await client.status()
+            return proc
+        except Exception:
+            await asyncio.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    raise TimeoutError(f"the trainer did not answer at {address} within {timeout_s}s")

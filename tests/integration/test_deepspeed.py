@@ -20,7 +20,7 @@ from pipelinerl.common.model import build_preset
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.learner import TorchLearner, read_trainer_state
 from pipelinerl.trainer.types import Disposition
-from tests.integration.processes import ROOT
+from tests.integration.processes import ROOT, start_trainer
 from tests.integration.test_trainer_loop import batches, final, group
 from tests.integration.zero_ranks import LEARNER
 from tests.unit.test_learner import ToySampler, _alternate_rewards
@@ -103,18 +103,7 @@ async def test_trainer_service_on_two_zero3_ranks_checkpoints_at_stop_and_resume
 
     async def serve() -> subprocess.Popen[bytes]:
         command = torchrun("-m", "pipelinerl.trainer", "--config", str(config))
-        proc = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for _ in range(1200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"trainer exited: {proc.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
-            try:
-                async with TrainerClient(f"127.0.0.1:{port}") as client:
-                    await client.status()
-                return proc
-            except Exception:
-                await asyncio.sleep(0.1)
-        proc.kill()
-        raise TimeoutError("trainer did not answer")
+        return await start_trainer(command, f"127.0.0.1:{port}")
 
     async def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)  # torchrun forwards it; rank 0 drains and checkpoints

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pipelinerl.common.channel import free_port
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.common.weights import Receiver
 from pipelinerl.trainer.__main__ import build
@@ -17,6 +20,7 @@ from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import TrainerSettings
 from pipelinerl.trainer.learner import LearnerConfig
 from pipelinerl.trainer.types import Disposition, SampleAck
+from tests.integration.processes import start_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -150,3 +154,52 @@ async def test_a_sample_resent_while_held_is_trained_once_and_acked_on_the_new_s
         await server.stop(grace=1)
     [metrics] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert metrics["samples"] == 4
+
+
+async def test_trainer_killed_after_a_checkpoint_resumes_its_version_and_trains_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    config = tmp_path / "trainer.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "run_id": "kill", "samples_per_step": 4, "checkpoint_every": 1,
+        "checkpoint_dir": str(tmp_path / "ckpt"), "learner": {"lr": 1e-3}, "broadcast_backend": "none",
+    }))  # fmt: skip
+    command = [sys.executable, "-m", "pipelinerl.trainer", "--config", str(config)]
+    address = f"127.0.0.1:{port}"
+
+    proc = await start_trainer(command, address)
+    try:
+        async with TrainerClient(address) as client:
+            acks = [a async for a in client.submit(batches(group("a", 0, [0, 1]), group("b", 0, [0, 1])))]
+            assert final(acks) == dict.fromkeys(["a-0", "a-1", "b-0", "b-1"], Disposition.TRAINED)
+            # TRAINED is acked before the checkpoint of that version is written; wait for it.
+            async with asyncio.timeout(30):
+                while not (tmp_path / "ckpt" / "latest").exists():
+                    await asyncio.sleep(0.05)
+            stream = Stream(client)
+            await stream.send(group("c", 1, [0, 1]))  # accepted, waiting for a full step: lost
+            async with asyncio.timeout(10):
+                while len(stream.acks) < 2:
+                    await asyncio.sleep(0.02)
+            proc.kill()  # SIGKILL: no drain, no checkpoint at stop
+            await stream.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+    proc = await start_trainer(command, address)
+    try:
+        async with TrainerClient(address) as client:
+            assert (await client.status()).version.version == 1
+            acks = [a async for a in client.submit(batches(group("a", 1, [0, 1]), group("c", 1, [0, 1]),
+                                                           group("d", 1, [0, 1])))]  # fmt: skip
+            assert final(acks) == {
+                "a-0": Disposition.DUPLICATE, "a-1": Disposition.DUPLICATE,
+                "c-0": Disposition.TRAINED, "c-1": Disposition.TRAINED,
+                "d-0": Disposition.TRAINED, "d-1": Disposition.TRAINED,
+            }  # fmt: skip
+            assert (await client.status()).version.version == 2
+    finally:
+        proc.kill()
+        proc.wait()
