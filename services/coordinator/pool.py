@@ -83,7 +83,8 @@ class InferencePool:
             finally:
                 async with self._changed:
                     server.in_flight -= 1
-                    self._changed.notify_all()
+                    # One slot freed: wake one waiter, not all (hundreds wait in pipeline mode).
+                    self._changed.notify(1)
 
     async def wait_for_version(self, version: int) -> None:
         """Until every connected server serves `version` or newer (the sync baseline's barrier)."""
@@ -93,7 +94,11 @@ class InferencePool:
 
     async def _reserve(self) -> _Server:
         async with self._changed:
-            await self._changed.wait_for(lambda: any(s.free > 0 for s in self._servers))
+            try:
+                await self._changed.wait_for(lambda: any(s.free > 0 for s in self._servers))
+            except asyncio.CancelledError:
+                self._changed.notify(1)  # pass on the wakeup this waiter may have been given
+                raise
             server = max(self._servers, key=lambda s: s.free / max(s.session.window, 1) if s.session else -1)
             server.in_flight += 1
             return server
