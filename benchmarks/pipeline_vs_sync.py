@@ -12,9 +12,9 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
 final_reward_sync, mean_lag, ess; plus the target, sustained_time_to_reward_ratio (crossings of the
-mean over the last 4,096 samples), throughput_ceiling (sync wall time × cores / the pipeline's CPU
-seconds: the most overlap can gain on this machine), per-phase trainer timings and CPU seconds per
-service.
+mean over the last 4,096 samples), final_reward_*_last_8192 (mean over the last 8,192 samples),
+throughput_ceiling (sync wall time × cores / the pipeline's CPU seconds: the most overlap can gain
+on this machine), per-phase trainer timings and CPU seconds per service.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pipelinerl.launcher.run import RunResult, launch
 log = get_logger("benchmark")
 
 SUSTAIN_SAMPLES = 4096
+FINAL_SAMPLES = 8192
 
 
 def trainer_means(run_dir: Path) -> dict[str, float]:
@@ -85,6 +86,13 @@ def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMP
     return None
 
 
+def final_mean(result: RunResult, span: int = FINAL_SAMPLES) -> float:
+    """Mean of the reward points over the last `span` trained samples (steadier than the last point)."""
+    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    last = points[-1]["trained"]
+    return statistics.fmean(p["reward"] for p in points if p["trained"] > max(last - span, 0))
+
+
 def throughput_ceiling(out: Path, sync_seconds: float) -> float:
     """The most the pipeline could gain with every core busy: sync wall time × cores over the CPU
     seconds the pipeline needed for the same samples."""
@@ -126,6 +134,8 @@ def main() -> int:
         "throughput_ceiling": round(throughput_ceiling(Path(args.out), sync.elapsed_s), 2),
         "final_reward_pipeline": round(pipeline.final_reward, 3),
         "final_reward_sync": round(sync.final_reward, 3),
+        "final_reward_pipeline_last_8192": round(final_mean(pipeline), 3),
+        "final_reward_sync_last_8192": round(final_mean(sync), 3),
         "mean_lag": round(pipeline.mean_lag, 2),
         "ess": round(pipeline_trainer["ess"], 3),
         "sync_ess": round(sync_trainer["ess"], 3),
