@@ -106,55 +106,64 @@ async def launch(
 ) -> RunResult:
     """Run to the end. `processes`, if given, receives the handles of the services as they start.
     With `settings.coordinator_address`, drive a run on services that are already up instead."""
-    run_dir = settings.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
     if settings.coordinator_address is not None:
         return await _drive(settings, settings.coordinator_address, on_progress)
-    threads, inference_cores, trainer_cores = _placement(settings)
-    configs = _service_settings(settings, run_dir, threads)
     processes = [] if processes is None else processes
     try:
-        processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
-        trainer = start_service(
-            "trainer",
-            "pipelinerl.trainer",
-            configs["trainer"],
-            run_dir,
-            trainer_cores,
-            ranks=settings.trainer_ranks,
-        )
-        processes.append(trainer)
-        await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
-        inference = [
-            start_service(
-                f"inference-{i}",
-                "pipelinerl.inference",
-                merge(
-                    configs["inference"],
-                    {"trainer_address": trainer.address, "receiver_id": f"inference-{i}"},
-                ),
-                run_dir,
-                cores,
-                python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
-            )
-            for i, cores in enumerate(inference_cores)
-        ]
-        processes += inference
-        await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in inference))
-        addresses = {
-            "inference_addresses": [p.address for p in inference],
-            "reward_address": processes[0].address,
-            "trainer_address": trainer.address,
-        }
-        coordinator = start_service(
-            "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
-        )
-        processes.append(coordinator)
-        await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
+        coordinator = await start_services(settings, processes)
         return await _drive(settings, coordinator.address, on_progress)
     finally:
         cpu = await stop_all(processes)
-        (run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
+        (settings.run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
+
+
+async def start_services(settings: RunSettings, processes: list[ServiceProcess]) -> ServiceProcess:
+    """Start reward, trainer, the inference servers and the coordinator in `settings.run_dir`, each
+    once the ones it needs are healthy; returns the coordinator. `processes` receives every handle
+    as it starts (the caller stops them, also when this fails half-way)."""
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    threads, inference_cores, trainer_cores = _placement(settings)
+    configs = _service_settings(settings, run_dir, threads)
+    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
+    trainer = start_service(
+        "trainer",
+        "pipelinerl.trainer",
+        configs["trainer"],
+        run_dir,
+        trainer_cores,
+        ranks=settings.trainer_ranks,
+    )
+    processes.append(trainer)
+    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
+    inference = [
+        start_service(
+            f"inference-{i}",
+            "pipelinerl.inference",
+            merge(
+                configs["inference"],
+                {"trainer_address": trainer.address, "receiver_id": f"inference-{i}"},
+            ),
+            run_dir,
+            cores,
+            python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
+        )
+        for i, cores in enumerate(inference_cores)
+    ]
+    processes += inference
+    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in inference))
+    addresses = {
+        "inference_addresses": [p.address for p in inference],
+        "reward_address": processes[0].address,
+        "trainer_address": trainer.address,
+    }
+    coordinator = start_service(
+        "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
+    )
+    processes.append(coordinator)
+    await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
+    return coordinator
 
 
 def _spec(settings: RunSettings) -> RunSpec:

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunInfo, RunState
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
-from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, _placement, _service_settings, _spec, merge
+from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, _spec, start_services
 from pipelinerl.trainer.client import TrainerClient
 
 pytestmark = pytest.mark.slow
@@ -58,35 +59,13 @@ async def run_to_end(client: CoordinatorClient, trainer: TrainerClient, run_id: 
 async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> None:
     settings = RunSettings(run_dir=tmp_path / "run", max_samples=BUDGET)
     run_dir = settings.run_dir
-    run_dir.mkdir(parents=True)
-    threads, inference_cores, trainer_cores = _placement(settings)
-    configs = _service_settings(settings, run_dir, threads)
-    journal_path = Path(configs["coordinator"]["journal_path"])
     processes: list[ServiceProcess] = []
     try:
-        reward = start_service("reward", "pipelinerl.reward", configs["reward"], run_dir)
-        trainer = start_service("trainer", "pipelinerl.trainer", configs["trainer"], run_dir, trainer_cores)
-        processes += [reward, trainer]
-        inference_config = merge(
-            configs["inference"], {"trainer_address": trainer.address, "receiver_id": "inference-0"}
-        )
-        inference = start_service(
-            "inference-0", "pipelinerl.inference", inference_config, run_dir, inference_cores[0]
-        )
-        processes.append(inference)
-        await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
-        coordinator_config = merge(
-            configs["coordinator"],
-            {
-                "inference_addresses": [inference.address],
-                "reward_address": reward.address,
-                "trainer_address": trainer.address,
-            },
-        )
-
-        first = start_service("coordinator", "pipelinerl.coordinator", coordinator_config, run_dir)
-        processes.append(first)
-        await first.wait_healthy(HEALTH_TIMEOUT_S)
+        first = await start_services(settings, processes)
+        trainer = next(p for p in processes if p.name == "trainer")
+        # What the launcher gave the coordinator (its port included), for the second process.
+        coordinator_config = yaml.safe_load((run_dir / "coordinator.yaml").read_text())
+        journal_path = Path(coordinator_config["journal_path"])
         async with (
             CoordinatorClient(first.address) as client,
             TrainerClient(trainer.address) as trainer_client,
