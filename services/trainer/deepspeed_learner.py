@@ -35,7 +35,7 @@ from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.batching import StepPlan, plan_step
-from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
+from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner, staging_directory
 from pipelinerl.trainer.losses import LossStats, policy_loss
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class DeepSpeedLearner(TorchLearner):
     ) -> Path:
         self._send("save_checkpoint", directory, version, None)  # extra_state is rank 0's to write
         if self.rank != 0:
-            self._write_checkpoint(Path(directory).with_name(Path(directory).name + ".partial"))
+            self._write_checkpoint(staging_directory(Path(directory)))
             return Path(directory)
         return super().save_checkpoint(directory, version, extra_state)
 

@@ -320,7 +320,7 @@ class TorchLearner:
         """Write the checkpoint to a staging directory, then swap it in by renames, so a crash
         mid-save never leaves a mix of old and new files under `directory`."""
         directory = Path(directory)
-        staging = directory.with_name(directory.name + ".partial")
+        staging = staging_directory(directory)
         shutil.rmtree(staging, ignore_errors=True)
         self._write_checkpoint(staging)
         if self.tokenizer is not None:
@@ -373,6 +373,11 @@ def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, 
     """How many completion tokens were generated how many versions ago."""
     counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
     return dict(sorted(counts.items()))
+
+
+def staging_directory(directory: Path) -> Path:
+    """Where a checkpoint for `directory` is written before it is swapped in."""
+    return directory.with_name(directory.name + ".partial")
 
 
 def read_trainer_state(directory: str | Path) -> TrainerState:
