@@ -69,16 +69,21 @@ def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float
     return result, trainer_means(run_dir)
 
 
+def progress_points(result: RunResult) -> list[dict[str, float]]:
+    """The run's metrics.jsonl: one progress point per second (elapsed_s, trained, reward, ...)."""
+    return [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+
+
 def time_to(result: RunResult, target: float) -> float | None:
     """First time the reward (the coordinator's moving mean of the last 256 samples) reaches `target`."""
-    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    points = progress_points(result)
     return next((p["elapsed_s"] for p in points if p["trained"] > 0 and p["reward"] >= target), None)
 
 
 def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMPLES) -> float | None:
     """First time the mean of the reward points over the last `span` trained samples reaches
     `target`: less sensitive to one lucky window than `time_to`."""
-    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    points = progress_points(result)
     for i, point in enumerate(points):
         window = [p["reward"] for p in points[: i + 1] if p["trained"] > point["trained"] - span]
         if point["trained"] >= span and statistics.fmean(window) >= target:
@@ -88,7 +93,7 @@ def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMP
 
 def final_mean(result: RunResult, span: int = FINAL_SAMPLES) -> float:
     """Mean of the reward points over the last `span` trained samples (steadier than the last point)."""
-    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    points = progress_points(result)
     last = points[-1]["trained"]
     return statistics.fmean(p["reward"] for p in points if p["trained"] > max(last - span, 0))
 
