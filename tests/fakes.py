@@ -97,26 +97,42 @@ class FakeBackend:
 
 
 class FakeTrainer:
-    """Accepts samples, 'trains' each batch at once (one version per batch), serves a one-bucket layout."""
+    """Accepts samples, 'trains' each batch at once (one version per batch), serves a one-bucket layout.
+    Without checkpoints, every version is durable at once."""
 
     def __init__(self) -> None:
         self.version = 0
-        self.trained: set[str] = set()
+        self.trained: dict[str, int] = {}
         self.data = bytes(range(256)) * 64
+        self._stepped = asyncio.Event()
 
     async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
         fresh = [s for s in samples if s.sample_id not in self.trained]
         for s in samples:
             if s.sample_id in self.trained:
-                on_ack(SampleAck(s.sample_id, Disposition.DUPLICATE, self.version))
+                on_ack(SampleAck(s.sample_id, Disposition.DUPLICATE, self.trained[s.sample_id]))
         for s in fresh:
             on_ack(SampleAck(s.sample_id, Disposition.ACCEPTED, self.version))
         if fresh:
             await asyncio.sleep(0.01)
             self.version += 1
             for s in fresh:
-                self.trained.add(s.sample_id)
+                self.trained[s.sample_id] = self.version
                 on_ack(SampleAck(s.sample_id, Disposition.TRAINED, self.version))
+            self._stepped.set()
+
+    async def flush(self, checkpoint: bool) -> None:
+        """Every batch is trained at once: nothing is ever held."""
+
+    @property
+    def durable_version(self) -> int:
+        return self.version
+
+    async def wait_durable(self, after: int) -> int:
+        while self.version <= after:
+            self._stepped.clear()
+            await self._stepped.wait()
+        return self.version
 
     def _notice(self) -> WeightNotice:
         tensor = TensorSpec("w", (len(self.data) // 4,), "float32", 0, 0, len(self.data))
@@ -135,7 +151,9 @@ class FakeTrainer:
             yield WeightChunk(version, 0, offset, data, Checksum(ChecksumAlgorithm.CRC32, crc32(data)))
 
     def status(self) -> TrainerStatus:
-        return TrainerStatus(WeightVersion(self.version, "fake"), 0, len(self.trained), 0, 0, 0.0, 0)
+        return TrainerStatus(
+            WeightVersion(self.version, "fake"), 0, len(self.trained), 0, 0, 0.0, 0, self.version
+        )
 
 
 class FakeCoordinator:

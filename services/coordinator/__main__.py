@@ -27,7 +27,7 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     pool = InferencePool([channel(a) for a in settings.inference_addresses])
     reward = RewardClient(channel(settings.reward_address))
     trainer = TrainerClient(channel(settings.trainer_address))
-    submitter = TrainerSubmitter(trainer)
+    submitter = TrainerSubmitter(trainer, journal)
     coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer)
 
     await pool.start()

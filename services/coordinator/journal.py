@@ -1,12 +1,14 @@
 """The coordinator's journal: every attempt's state in SQLite (WAL), so a restart resumes a run
 with no attempt lost and none trained twice.
 
-    created ──► dispatched ──► generated ──► scored ──► acked (final: trained, dropped, ...)
+    created ──► dispatched ──► generated ──► scored ──► trained ──► acked (final: trained, dropped, ...)
       (group row holds the prompt, answer and verifier; the run row holds the dataset cursor)
 
+`trained` is an ack of TRAINED whose step no trainer checkpoint holds yet: a trainer crash would
+lose it, so it is kept (with its tokens) and resent until the trainer's durable version covers it.
 On restart, a group resumes from the earliest state of its attempts: attempts not yet generated
-are generated again (their id is kept), generated ones are scored, scored ones are resubmitted
-(the trainer acks an id it has already trained on as DUPLICATE).
+are generated again (their id is kept), generated ones are scored, scored and trained ones are
+resubmitted (the trainer acks an id it has already trained on as DUPLICATE).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from pipelinerl.common.types import FinishReason, TokenSequence
 
-STATES = ("created", "dispatched", "generated", "scored", "acked")
+STATES = ("created", "dispatched", "generated", "scored", "trained", "acked")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -68,6 +70,8 @@ class AttemptRecord:
     finish_reason: FinishReason | None = None
     reward: float | None = None
     correct: bool = False
+    version: int = -1
+    """For `trained`: the version the trainer's step produced."""
 
 
 @dataclass
@@ -193,6 +197,25 @@ class Journal:
             (disposition, version, time.time(), sample_id),
         )
 
+    def mark_trained(self, sample_id: str, version: int) -> None:
+        """TRAINED in the step that produced `version`, not yet in a trainer checkpoint."""
+        self._db.execute(
+            "UPDATE attempts SET state = 'trained', disposition = 'trained', version = ?, updated_at = ?"
+            " WHERE sample_id = ?",
+            (version, time.time(), sample_id),
+        )
+
+    def mark_durable(self, sample_ids: Sequence[str]) -> None:
+        """These trained attempts are in a trainer checkpoint: final."""
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE attempts SET state = 'acked', updated_at = ?"
+                " WHERE sample_id = ? AND state = 'trained'",
+                [(now, sample_id) for sample_id in sample_ids],
+            )
+
     def unfinished_groups(self, run_id: str) -> Iterator[GroupRecord]:
         """Groups with at least one attempt not yet acked, in prompt order."""
         rows = self._db.execute(
@@ -207,12 +230,12 @@ class Journal:
 
     def _attempts(self, group_id: str) -> list[AttemptRecord]:
         rows = self._db.execute(
-            "SELECT sample_id, state, prompt_token_ids, completion, text, finish_reason, reward, correct"
-            " FROM attempts WHERE group_id = ? ORDER BY sample_id",
+            "SELECT sample_id, state, prompt_token_ids, completion, text, finish_reason, reward, correct,"
+            " version FROM attempts WHERE group_id = ? ORDER BY sample_id",
             (group_id,),
         ).fetchall()
         records = []
-        for sample_id, state, prompt_ids, completion, text, reason, reward, correct in rows:
+        for sample_id, state, prompt_ids, completion, text, reason, reward, correct, version in rows:
             tokens = TokenSequence(**json.loads(completion)) if completion else None
             records.append(
                 AttemptRecord(
@@ -224,6 +247,7 @@ class Journal:
                     finish_reason=FinishReason(reason) if reason else None,
                     reward=reward,
                     correct=bool(correct),
+                    version=-1 if version is None else version,
                 )
             )
         return records

@@ -1,7 +1,13 @@
 """One RL run: prompts become groups of attempts that flow through inference, reward and trainer.
 
     problems ──► group of G attempts (journal: created) ──► InferencePool.generate ×G (dispatched,
-    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.submit ──► final acks (acked)
+    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.submit ──► trained ──► acked
+    once the trainer's checkpoint holds it (see submitter.py)
+
+When every group in flight waits on the trainer and no more can start (the budget is spent, the
+dataset ended, the slots are full, or a sync round is complete), the trainer is asked to flush:
+it trains the samples it holds as a step of its own, however few, and checkpoints. A run ends
+once every attempt is final and every trained one durable.
 
 Pipeline mode keeps up to `max_in_flight` attempts moving at once, so generation never waits for
 training: weights change under running generations. Sync mode is the conventional baseline on
@@ -55,12 +61,12 @@ class _Counters:
         acked = {key.removeprefix("acked:"): n for key, n in counts.items() if key.startswith("acked:")}
         failed = sum(n for d, n in acked.items() if d.startswith("failed:"))
         unscored = sum(n for d, n in acked.items() if d.startswith("unscored:"))
-        scored = counts.get("scored", 0) + sum(acked.values()) - failed - unscored
+        scored = counts.get("scored", 0) + counts.get("trained", 0) + sum(acked.values()) - failed - unscored
         return cls(
             dispatched=sum(counts.values()),
             generated=counts.get("generated", 0) + scored + unscored,
             scored=scored,
-            trained=acked.get("trained", 0),
+            trained=acked.get("trained", 0) + counts.get("trained", 0),
             dropped=acked.get("dropped", 0),
         )
 
@@ -89,8 +95,11 @@ class RunLoop:
         self._lags: deque[float] = deque(maxlen=WINDOW)
         self._trained_at: deque[tuple[float, int]] = deque(maxlen=64)
         self._in_flight = 0
+        self._groups = 0
+        self._groups_at_trainer = 0
         self._slots = asyncio.Condition()
         self._failure: BaseException | None = None
+        self._dispatch_ended = False
         self.stopping = False
 
     # ---- progress -----------------------------------------------------------------------------
@@ -124,8 +133,11 @@ class RunLoop:
         resumed = list(self._journal.unfinished_groups(self.run_id))
         if resumed:
             log.info("resuming groups from the journal", groups=len(resumed))
+        trained = [(g, a) for g in resumed for a in g.attempts if a.state == "trained"]
+        self._submitter.keep([(_sample(g, a, len(g.attempts)), a.version) for g, a in trained])
         tasks = {asyncio.create_task(self._run_group(group)) for group in resumed}
         self._in_flight += sum(len(g.attempts) for g in resumed)
+        self._groups += len(resumed)
         if self.spec.mode is Mode.SYNC:
             await asyncio.gather(*tasks)
             tasks = set()
@@ -141,15 +153,21 @@ class RunLoop:
                 if self.stopping:
                     break
                 self._in_flight += group_size
+                self._groups += 1
             group = self._new_group()
             if group is None:
+                await self._release(group_size)
                 break
             task = asyncio.create_task(self._run_group(group))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+        self._dispatch_ended = True
+        self._maybe_flush()
         await self._finish(tasks)
         if self._failure is not None:
             raise self._failure
+        if not self.stopping:
+            await self._submitter.settle()
 
     async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
         """Let groups in flight finish; after a stop, give them `STOP_GRACE_S`, then leave the rest
@@ -179,7 +197,11 @@ class RunLoop:
             if self._done_dispatching() or (group := self._new_group()) is None:
                 break
             groups.append(group)
+        self._in_flight += sum(len(g.attempts) for g in groups)
+        self._groups += len(groups)
+        self._dispatch_ended = True  # for this round: its groups are all there will be
         await asyncio.gather(*(self._run_group(g) for g in groups))
+        self._dispatch_ended = False
         # The next round generates only with the weights trained on this one.
         await self._pool.wait_for_version(self._submitter.latest_version)
 
@@ -198,8 +220,15 @@ class RunLoop:
     async def _release(self, attempts: int) -> None:
         async with self._slots:
             self._in_flight -= attempts
+            self._groups -= 1
             self._counts.finished += attempts
             self._slots.notify_all()
+
+    def _maybe_flush(self) -> None:
+        """Flush the trainer when every group in flight waits on it and no group can start."""
+        blocked = self._dispatch_ended or self._in_flight + self.spec.group_size > self.spec.max_in_flight
+        if self._groups_at_trainer and self._groups_at_trainer == self._groups and blocked:
+            self._submitter.flush()
 
     # ---- one group ----------------------------------------------------------------------------
 
@@ -269,27 +298,33 @@ class RunLoop:
     async def _train(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
         if not attempts:
             return
-        samples = [
-            Sample(
-                a.sample_id,
-                group.group_id,
-                a.prompt_token_ids or [],
-                a.completion,
-                a.reward or 0.0,
-                a.finish_reason or FinishReason.STOP,
-                group_size=len(attempts),
-            )
-            for a in attempts
-            if a.completion is not None
-        ]
-        acks = await self._submitter.submit(samples)
+        samples = [_sample(group, a, len(attempts)) for a in attempts]
+        self._groups_at_trainer += 1
+        self._maybe_flush()
+        try:
+            acks = await self._submitter.submit(samples)
+        finally:
+            self._groups_at_trainer -= 1
         for sample in samples:
-            ack = acks[sample.sample_id]
-            self._journal.mark_acked(sample.sample_id, ack.disposition.value, ack.version)
-            if ack.disposition is Disposition.TRAINED:
+            ack = acks[sample.sample_id]  # the submitter has journaled it
+            if ack.disposition in (Disposition.TRAINED, Disposition.DUPLICATE):
                 self._counts.trained += 1
+            if ack.disposition is Disposition.TRAINED:
                 trained_at = ack.version - 1
                 self._lags.append(statistics.fmean(trained_at - v for v in sample.completion.versions))
             elif ack.disposition is Disposition.DROPPED:
                 self._counts.dropped += 1
         self._trained_at.append((time.monotonic(), self._counts.trained))
+
+
+def _sample(group: GroupRecord, attempt: AttemptRecord, group_size: int) -> Sample:
+    assert attempt.completion is not None, "only generated attempts are trained"
+    return Sample(
+        attempt.sample_id,
+        group.group_id,
+        attempt.prompt_token_ids or [],
+        attempt.completion,
+        attempt.reward or 0.0,
+        attempt.finish_reason or FinishReason.STOP,
+        group_size=group_size,
+    )

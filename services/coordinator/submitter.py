@@ -1,33 +1,49 @@
-"""One long-lived SubmitSamples stream to the trainer, shared by every group of a run.
+"""One long-lived SubmitSamples stream to the trainer, shared by every group of a run, and the
+journal's record of what the trainer did with each sample.
 
-`submit(samples)` returns once every sample has its final ack. If the stream breaks (the trainer
-restarts), it is reopened and every sample still waiting is sent again: the trainer acks an id
-it has already trained on as DUPLICATE, so resending is always safe.
+    submit(samples) ──► stream ──► acks: TRAINED/DUPLICATE ──► journal `trained` (kept, resendable)
+                                         other final      ──► journal `acked`
+                        durable_version ≥ a kept sample's version ──► journal `acked` (final)
+
+`submit(samples)` returns once every sample has its first final ack. A trained sample stays kept
+until the trainer's `durable_version` covers its step. If the stream breaks (the trainer
+restarts), it is reopened and every sample not final, or trained but not durable, is sent again:
+a trainer that still has it acks DUPLICATE, one restarted from an older checkpoint trains it
+again. Either way its gradient ends up in the trainer's checkpointed weights once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 from pipelinerl.common.errors import PipelineError
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
-from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.types import SampleAck
+from pipelinerl.coordinator.journal import Journal
+from pipelinerl.trainer.client import Flush, TrainerClient
+from pipelinerl.trainer.types import Disposition, SampleAck
 
 log = get_logger(__name__)
 
 RECONNECT_S = 1.0
+_TRAINED = (Disposition.TRAINED, Disposition.DUPLICATE)
+_NOT_YET = 2**62  # the version of a kept sample being trained again
 
 
 class TrainerSubmitter:
-    def __init__(self, trainer: TrainerClient) -> None:
+    def __init__(self, trainer: TrainerClient, journal: Journal) -> None:
         self._trainer = trainer
-        self._queue: asyncio.Queue[list[Sample]] = asyncio.Queue()
+        self._journal = journal
+        self._queue: asyncio.Queue[list[Sample] | Flush] = asyncio.Queue()
         self._waiting: dict[str, tuple[Sample, asyncio.Future[SampleAck]]] = {}
+        self._kept: dict[str, tuple[Sample, int]] = {}
+        """Trained, not yet durable: sample id -> (sample, version of its step)."""
+        self._settled = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.latest_version = 0
+        self.durable_version = -1
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._stream_forever())
@@ -47,33 +63,92 @@ class TrainerSubmitter:
         self._queue.put_nowait(list(samples))
         return {sample_id: await future for sample_id, future in futures.items()}
 
-    async def _batches(self) -> AsyncIterator[list[Sample]]:
+    def keep(self, trained: Sequence[tuple[Sample, int]]) -> None:
+        """Samples the journal holds as trained but not durable (a resumed run): resend them."""
+        for sample, version in trained:
+            self._kept[sample.sample_id] = (sample, version)
+        for group in _by_group([sample for sample, _ in trained]).values():
+            self._queue.put_nowait(_regrouped(group))
+
+    def flush(self, checkpoint: bool = False) -> None:
+        """Ask the trainer to train what it holds (nothing more is coming for now)."""
+        self._queue.put_nowait(Flush(checkpoint))
+
+    async def settle(self) -> None:
+        """Flush and checkpoint, then return once every sample submitted is final and durable."""
+        while self._waiting or self._kept:
+            self._settled.clear()
+            self.flush(checkpoint=True)
+            await self._settled.wait()
+
+    async def _batches(self) -> AsyncIterator[list[Sample] | Flush]:
         while True:
             yield await self._queue.get()
 
     async def _stream_forever(self) -> None:
         while True:
             try:
-                async for ack in self._trainer.submit(self._batches()):
-                    self._on_ack(ack)
+                async for acks, durable in self._trainer.submit_durably(self._batches()):
+                    for ack in acks:
+                        self._on_ack(ack)
+                    self._on_durable(durable)
             except PipelineError as exc:
-                log.warning("trainer stream lost; resending what is unacknowledged", error=exc.message)
+                log.warning("trainer stream lost; resending what is not durable", error=exc.message)
             await asyncio.sleep(RECONNECT_S)
-            self._requeue_waiting()
+            self._requeue()
 
     def _on_ack(self, ack: SampleAck) -> None:
         self.latest_version = max(self.latest_version, ack.version)
         if not ack.disposition.final:
+            if ack.sample_id in self._kept:  # a restarted trainer lost its step: durable once retrained
+                self._kept[ack.sample_id] = (self._kept[ack.sample_id][0], _NOT_YET)
             return
-        entry = self._waiting.pop(ack.sample_id, None)
-        if entry is not None and not entry[1].done():
-            entry[1].set_result(ack)
+        waiting = self._waiting.pop(ack.sample_id, None)
+        kept = self._kept.pop(ack.sample_id, None)
+        sample = waiting[0] if waiting else kept[0] if kept else None
+        if sample is None:
+            return  # an ack of a resend whose outcome is known already
+        if ack.disposition in _TRAINED:
+            self._journal.mark_trained(ack.sample_id, ack.version)
+            self._kept[ack.sample_id] = (sample, ack.version)
+        else:
+            self._journal.mark_acked(ack.sample_id, ack.disposition.value, ack.version)
+        if waiting is not None and not waiting[1].done():
+            waiting[1].set_result(ack)
 
-    def _requeue_waiting(self) -> None:
+    def _on_durable(self, durable: int) -> None:
+        self.durable_version = max(self.durable_version, durable)
+        done = [
+            sample_id for sample_id, (_, version) in self._kept.items() if version <= self.durable_version
+        ]
+        if done:
+            self._journal.mark_durable(done)
+            for sample_id in done:
+                del self._kept[sample_id]
+        if not self._waiting and not self._kept:
+            self._settled.set()
+
+    def _requeue(self) -> None:
+        """Resend, by group, what is not final or not durable; a flush that was queued stays."""
+        flushes = []
         while not self._queue.empty():
-            self._queue.get_nowait()
-        by_group: dict[str, list[Sample]] = {}
-        for sample, _ in self._waiting.values():
-            by_group.setdefault(sample.group_id, []).append(sample)
-        for group in by_group.values():
-            self._queue.put_nowait(group)
+            if isinstance(item := self._queue.get_nowait(), Flush):
+                flushes.append(item)
+        samples = [sample for sample, _ in self._waiting.values()] + [s for s, _ in self._kept.values()]
+        for group in _by_group(samples).values():
+            self._queue.put_nowait(_regrouped(group))
+        if flushes:
+            self.flush(checkpoint=any(f.checkpoint for f in flushes))
+
+
+def _by_group(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.group_id, []).append(sample)
+    return groups
+
+
+def _regrouped(group: Sequence[Sample]) -> list[Sample]:
+    """The samples of one group, each naming the group's size as sent now: a group resent in
+    part must still be complete at the trainer."""
+    return [dataclasses.replace(sample, group_size=len(group)) for sample in group]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from pipelinerl.common import convert
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
@@ -15,6 +16,13 @@ from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
 
 
+@dataclass(frozen=True)
+class Flush:
+    """Sent in place of a batch: train what is held now, however little; then checkpoint if asked."""
+
+    checkpoint: bool = False
+
+
 class TrainerClient(ServiceClient):
     """Raises `pipelinerl.common.errors.*` for failed calls (field violations included)."""
 
@@ -24,15 +32,26 @@ class TrainerClient(ServiceClient):
 
     async def submit(self, batches: AsyncIterable[Sequence[Sample]]) -> AsyncIterator[SampleAck]:
         """Send batches of samples; yields every ack until all accepted samples have a final one."""
+        async for acks, _ in self.submit_durably(batches):
+            for ack in acks:
+                yield ack
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        """Send batches of samples (or a `Flush`); yields each response's acks with the trainer's
+        `durable_version` at that point."""
 
         async def requests() -> AsyncIterator[pb.SubmitSamplesRequest]:
             async for batch in batches:
-                yield pb.SubmitSamplesRequest(samples=[convert.sample_to_proto(s) for s in batch])
+                if isinstance(batch, Flush):
+                    yield pb.SubmitSamplesRequest(flush=True, checkpoint=batch.checkpoint)
+                else:
+                    yield pb.SubmitSamplesRequest(samples=[convert.sample_to_proto(s) for s in batch])
 
         with domain_errors():
             async for response in self._stub.SubmitSamples(requests()):
-                for ack in response.acks:
-                    yield ack_from_proto(ack)
+                yield [ack_from_proto(ack) for ack in response.acks], response.durable_version
 
     async def watch_weights(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
         request = pb.WatchWeightsRequest(

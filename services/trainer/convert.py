@@ -71,6 +71,7 @@ def status_to_proto(s: TrainerStatus) -> pb.GetStatusResponse:
         rejected_samples=s.rejected_samples,
         tokens_per_s=s.tokens_per_s,
         watchers=s.watchers,
+        durable_version=s.durable_version,
     )
 
 
@@ -83,4 +84,5 @@ def status_from_proto(msg: pb.GetStatusResponse) -> TrainerStatus:
         rejected_samples=msg.rejected_samples,
         tokens_per_s=msg.tokens_per_s,
         watchers=msg.watchers,
+        durable_version=msg.durable_version,
     )

@@ -35,7 +35,7 @@ from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.batching import StepPlan, plan_step
-from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner, staging_directory
+from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
 from pipelinerl.trainer.losses import LossStats, policy_loss
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class DeepSpeedLearner(TorchLearner):
     ) -> Path:
         self._send("save_checkpoint", directory, version, None)  # extra_state is rank 0's to write
         if self.rank != 0:
-            self._write_checkpoint(staging_directory(Path(directory)))
+            self._write_checkpoint(Path(directory))
             return Path(directory)
         return super().save_checkpoint(directory, version, extra_state)
 
@@ -219,13 +219,13 @@ class DeepSpeedLearner(TorchLearner):
                 yield name, param.detach()
 
     def _write_checkpoint(self, staging: Path) -> None:
-        dist.barrier(group=self._calls)  # rank 0 has cleared the staging directory
+        dist.barrier(group=self._calls)  # rank 0 has created the directory
         state = {name: tensor.to("cpu", copy=True) for name, tensor in self._gather_each() if self.rank == 0}
         if self.rank == 0:
             staging.mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(staging, state_dict=state, safe_serialization=True)
         self.engine.save_checkpoint(str(staging / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
-        dist.barrier(group=self._calls)  # every rank's partition is on disk before rank 0 swaps
+        dist.barrier(group=self._calls)  # every rank's partition is on disk before rank 0 commits
 
     def _read_checkpoint(self, directory: Path) -> None:
         path, _ = self.engine.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=_TAG)

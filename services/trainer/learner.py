@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -317,17 +316,15 @@ class TorchLearner:
     def save_checkpoint(
         self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
     ) -> Path:
-        """Write the checkpoint to a staging directory, then swap it in by renames, so a crash
-        mid-save never leaves a mix of old and new files under `directory`."""
+        """Write a whole checkpoint into `directory` (the trainer makes it the latest once written:
+        see `pipelinerl.trainer.checkpoints`)."""
         directory = Path(directory)
-        staging = staging_directory(directory)
-        shutil.rmtree(staging, ignore_errors=True)
-        self._write_checkpoint(staging)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._write_checkpoint(directory)
         if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(staging)
+            self.tokenizer.save_pretrained(directory)
         state = {"version": version, "extra_state": dict(extra_state or {})}
-        (staging / STATE_FILE).write_text(json.dumps(state, indent=2))
-        _swap_in(staging, directory)
+        (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
         log.info("checkpoint saved", directory=str(directory), version=version)
         return directory
 
@@ -373,11 +370,6 @@ def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, 
     """How many completion tokens were generated how many versions ago."""
     counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
     return dict(sorted(counts.items()))
-
-
-def staging_directory(directory: Path) -> Path:
-    """Where a checkpoint for `directory` is written before it is swapped in."""
-    return directory.with_name(directory.name + ".partial")
 
 
 def read_trainer_state(directory: str | Path) -> TrainerState:
@@ -426,15 +418,6 @@ def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _swap_in(staging: Path, directory: Path) -> None:
-    previous = directory.with_name(directory.name + ".previous")
-    shutil.rmtree(previous, ignore_errors=True)
-    if directory.exists():
-        directory.rename(previous)
-    staging.rename(directory)
-    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _load_weights(model: PreTrainedModel, directory: Path, device: torch.device) -> None:

@@ -28,9 +28,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request_iterator: AsyncIterator[pb.SubmitSamplesRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SubmitSamplesResponse]:
         # The stream stays open after the client half-closes until every accepted sample has its
-        # final ack, so a client can send, close, and read acks to the end.
-        acks: asyncio.Queue[SampleAck | None] = asyncio.Queue()
+        # final ack, so a client can send, close, and read acks to the end. An int in the queue is
+        # a new durable version, sent on its own so that a client hears of every checkpoint.
+        acks: asyncio.Queue[SampleAck | int | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read_samples(request_iterator, acks))
+        durable = asyncio.create_task(self._watch_durable(acks))
         pending: set[str] = set()
         reading = True
         try:
@@ -39,7 +41,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 while not acks.empty():
                     batch.append(acks.get_nowait())
                 out = []
+                checkpointed = False
                 for ack in batch:
+                    if isinstance(ack, int):
+                        checkpointed = True
+                        continue
                     if ack is None:
                         reading = False
                         await asyncio.wait([reader])
@@ -50,13 +56,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     else:
                         pending.discard(ack.sample_id)
                     out.append(ack_to_proto(ack))
-                if out:
-                    yield pb.SubmitSamplesResponse(acks=out)
+                if out or checkpointed:
+                    yield pb.SubmitSamplesResponse(acks=out, durable_version=self._core.durable_version)
         finally:
             reader.cancel()
+            durable.cancel()
+
+    async def _watch_durable(self, acks: asyncio.Queue[SampleAck | int | None]) -> None:
+        durable = self._core.durable_version
+        while (newer := await self._core.wait_durable(durable)) > durable:  # equal: stopping
+            durable = newer
+            acks.put_nowait(durable)
 
     async def _read_samples(
-        self, request_iterator: AsyncIterator[pb.SubmitSamplesRequest], acks: asyncio.Queue[SampleAck | None]
+        self,
+        request_iterator: AsyncIterator[pb.SubmitSamplesRequest],
+        acks: asyncio.Queue[SampleAck | int | None],
     ) -> None:
         try:
             async for request in request_iterator:
@@ -72,6 +87,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                         )
                 if valid:
                     await self._core.admit(valid, acks.put_nowait)
+                if request.flush or request.checkpoint:
+                    await self._core.flush(checkpoint=request.checkpoint)
         finally:
             acks.put_nowait(None)
 

@@ -29,6 +29,7 @@ from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.publisher import WeightPublisher
 from pipelinerl.common.types import Sample, WeightVersion
 from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
+from pipelinerl.trainer.checkpoints import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy
 from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
@@ -64,7 +65,9 @@ class Trainer:
         self.publisher = publisher
         self.config = config
         self.version = 0
-        self.trained_ids: set[str] = set()
+        self.trained_ids: dict[str, int] = {}
+        """Every sample id trained on (checkpointed with the weights) -> the version its step produced."""
+        self._checkpoints = None if config.checkpoint_dir is None else CheckpointDir(config.checkpoint_dir)
         self._groups: dict[str, _Group] = {}
         self._held: dict[str, AckSink] = {}
         """Accepted, not yet trained: sample id -> where its final ack goes (the latest stream that
@@ -78,18 +81,30 @@ class Trainer:
         self._changed = asyncio.Condition()
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._flushing = False
+        self._checkpoint_wanted = False
         self._checkpointed = 0
 
     async def start(self) -> None:
-        """Resume from the latest checkpoint if there is one, publish the current version, train."""
-        latest = self._latest_checkpoint()
-        if latest is not None and latest.exists():
-            self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
-            self.trained_ids = set(read_trainer_state(latest).extra_state.get("trained_ids", []))
-            self._checkpointed = self.version
-            log.info("resumed", version=self.version, trained_ids=len(self.trained_ids))
+        """Resume from the latest checkpoint if there is one, publish the current version, train.
+
+        Versions published after that checkpoint are lost with the crash, and receivers still hold
+        them; the resumed weights are published as a version newer than any published before, so
+        receivers take them and lag stays meaningful."""
+        if self._checkpoints is not None:
+            self._checkpoints.clean()
+            latest = self._checkpoints.latest()
+            if latest is not None:
+                self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
+                self.trained_ids = dict(read_trainer_state(latest).extra_state.get("trained", {}))
+                self._checkpointed = self.version
+                lost = self._checkpoints.published()
+                if lost > self.version:
+                    self.version = lost + 1
+                log.info("resumed", checkpoint=str(latest), version=self.version,
+                         durable_version=self._checkpointed, trained_ids=len(self.trained_ids))  # fmt: skip
         bind_context(version=self.version)
-        await self.publisher.publish(self.version, self.learner.weights_for_publish())
+        await self._publish()
         self._loop_task = asyncio.create_task(self._train_forever())
         self._loop_task.add_done_callback(_report_failure)
 
@@ -102,6 +117,8 @@ class Trainer:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._checkpointed != self.version:
             await self._checkpoint()
+        async with self._changed:
+            self._changed.notify_all()  # wakes `wait_durable`
 
     # ---- TrainerCore --------------------------------------------------------------------------
 
@@ -112,6 +129,23 @@ class Trainer:
             for index, sample in enumerate(samples):
                 self._admit_one(index, sample, on_ack)
             self._changed.notify_all()
+
+    async def flush(self, checkpoint: bool) -> None:
+        async with self._changed:
+            self._flushing = bool(self._ready)  # nothing ready: no partial step is owed
+            self._checkpoint_wanted = self._checkpoint_wanted or checkpoint
+            self._changed.notify_all()
+
+    @property
+    def durable_version(self) -> int:
+        """Every TRAINED ack of a version up to this one survives a crash (its step is in a
+        checkpoint). Without a checkpoint folder nothing can be resumed, so every step counts."""
+        return self.version if self._checkpoints is None else self._checkpointed
+
+    async def wait_durable(self, after: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._stopping or self.durable_version > after)
+            return self.durable_version
 
     def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
         return self.publisher.watch(receiver)
@@ -124,6 +158,7 @@ class Trainer:
             version=WeightVersion(self.version, self.publisher.config.run_id),
             buffered_samples=self._buffered,
             trained_samples=len(self.trained_ids),
+            durable_version=self.durable_version,
             dropped_samples=self._counts["dropped"],
             rejected_samples=self._counts["rejected"],
             tokens_per_s=self._tokens_per_s,
@@ -134,7 +169,7 @@ class Trainer:
 
     def _admit_one(self, index: int, sample: Sample, on_ack: AckSink) -> None:
         if sample.sample_id in self.trained_ids:
-            on_ack(SampleAck(sample.sample_id, Disposition.DUPLICATE, self.version))
+            on_ack(SampleAck(sample.sample_id, Disposition.DUPLICATE, self.trained_ids[sample.sample_id]))
             return
         if sample.sample_id in self._held:  # resent while buffered or in a step: not admitted twice
             self._held[sample.sample_id] = on_ack
@@ -194,6 +229,8 @@ class Trainer:
                 await self._changed.wait_for(
                     lambda: (
                         self._stopping
+                        or (self._flushing and bool(self._ready))
+                        or (self._checkpoint_wanted and not self._flushing)
                         or (
                             self._ready_samples() >= self.config.samples_per_step
                             and self._generation_caught_up()
@@ -205,7 +242,14 @@ class Trainer:
                 batch: list[_Group] = []
                 while self._ready and sum(len(g.samples) for g in batch) < self.config.samples_per_step:
                     batch.append(self._ready.pop(0))
-            await self._train(batch, wait_s=time.perf_counter() - idle_since)
+            if batch:
+                await self._train(batch, wait_s=time.perf_counter() - idle_since)
+            if not self._ready:
+                self._flushing = False
+            if self._checkpoint_wanted and not self._flushing:
+                self._checkpoint_wanted = False
+                if self._checkpointed != self.version:
+                    await self._checkpoint()
 
     async def _train(self, groups: list[_Group], wait_s: float) -> None:
         samples = [sample for group in groups for sample in group.samples]
@@ -215,13 +259,14 @@ class Trainer:
             self.version += 1
             bind_context(version=self.version)
             publish_started = time.perf_counter()
-            await self.publisher.publish(self.version, self.learner.weights_for_publish())
+            await self._publish()
             publish_s = time.perf_counter() - publish_started
         else:
             publish_s = 0.0
         disposition = Disposition.TRAINED if metrics.stepped else Disposition.DROPPED
         for sample in samples:
-            self.trained_ids.add(sample.sample_id)
+            if metrics.stepped:
+                self.trained_ids[sample.sample_id] = self.version
             self._held.pop(sample.sample_id)(SampleAck(sample.sample_id, disposition, self.version))
         async with self._changed:
             self._buffered -= len(samples)
@@ -246,15 +291,22 @@ class Trainer:
             with self.config.metrics_file.open("a") as f:
                 f.write(json.dumps(line) + "\n")
 
-    def _latest_checkpoint(self) -> Path | None:
-        return None if self.config.checkpoint_dir is None else self.config.checkpoint_dir / "latest"
+    async def _publish(self) -> None:
+        if self._checkpoints is not None:
+            await asyncio.to_thread(self._checkpoints.record_published, self.version)
+        await self.publisher.publish(self.version, self.learner.weights_for_publish())
 
     async def _checkpoint(self) -> None:
-        latest = self._latest_checkpoint()
-        if latest is not None:
-            extra = {"trained_ids": sorted(self.trained_ids)}
-            await asyncio.to_thread(self.learner.save_checkpoint, latest, self.version, extra)
+        if self._checkpoints is None:
             self._checkpointed = self.version
+            return
+        staging = self._checkpoints.stage(self.version)
+        extra = {"trained": self.trained_ids}
+        await asyncio.to_thread(self.learner.save_checkpoint, staging, self.version, extra)
+        await asyncio.to_thread(self._checkpoints.commit, staging)
+        async with self._changed:
+            self._checkpointed = self.version
+            self._changed.notify_all()
 
 
 def _report_failure(task: asyncio.Task[None]) -> None:

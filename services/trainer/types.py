@@ -30,7 +30,8 @@ class SampleAck:
     sample_id: str
     disposition: Disposition
     version: int
-    """For TRAINED, the version the step produced; otherwise the trainer's version at the time."""
+    """For TRAINED (and DUPLICATE of a trained id), the version its step produced; otherwise the
+    trainer's version at the time."""
     error: ErrorInfo | None = None
 
 
@@ -43,6 +44,7 @@ class TrainerStatus:
     rejected_samples: int
     tokens_per_s: float
     watchers: int
+    durable_version: int
 
 
 class TrainerCore(Protocol):
@@ -51,6 +53,19 @@ class TrainerCore(Protocol):
     async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
         """Take samples in. `on_ack` is called for every ack of these samples, now and later
         (ACCEPTED, then TRAINED or DROPPED; or DUPLICATE at once). May block: that is backpressure."""
+        ...
+
+    async def flush(self, checkpoint: bool) -> None:
+        """Train what is held even under a step's worth; then checkpoint if asked."""
+        ...
+
+    @property
+    def durable_version(self) -> int:
+        """Every TRAINED ack of a version up to this one survives a crash."""
+        ...
+
+    async def wait_durable(self, after: int) -> int:
+        """Returns `durable_version` once it exceeds `after` (or the trainer stops)."""
         ...
 
     def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:

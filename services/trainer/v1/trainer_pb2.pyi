@@ -25,10 +25,14 @@ DISPOSITION_DROPPED: Disposition
 DISPOSITION_REJECTED: Disposition
 
 class SubmitSamplesRequest(_message.Message):
-    __slots__ = ("samples",)
+    __slots__ = ("samples", "flush", "checkpoint")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.Sample]
-    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.Sample, _Mapping]]] = ...) -> None: ...
+    flush: bool
+    checkpoint: bool
+    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.Sample, _Mapping]]] = ..., flush: _Optional[bool] = ..., checkpoint: _Optional[bool] = ...) -> None: ...
 
 class SampleAck(_message.Message):
     __slots__ = ("sample_id", "disposition", "version", "error")
@@ -43,10 +47,12 @@ class SampleAck(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., version: _Optional[int] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class SubmitSamplesResponse(_message.Message):
-    __slots__ = ("acks",)
+    __slots__ = ("acks", "durable_version")
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[SampleAck]
-    def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ...) -> None: ...
+    durable_version: int
+    def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ..., durable_version: _Optional[int] = ...) -> None: ...
 
 class WatchWeightsRequest(_message.Message):
     __slots__ = ("receiver_id", "current_version", "accepts_broadcast")
@@ -105,7 +111,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "buffered_samples", "trained_samples", "dropped_samples", "rejected_samples", "tokens_per_s", "watchers")
+    __slots__ = ("version", "buffered_samples", "trained_samples", "dropped_samples", "rejected_samples", "tokens_per_s", "watchers", "durable_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAINED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +119,7 @@ class GetStatusResponse(_message.Message):
     REJECTED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: _common_pb2.WeightVersion
     buffered_samples: int
     trained_samples: int
@@ -120,4 +127,5 @@ class GetStatusResponse(_message.Message):
     rejected_samples: int
     tokens_per_s: float
     watchers: int
-    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buffered_samples: _Optional[int] = ..., trained_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., rejected_samples: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., watchers: _Optional[int] = ...) -> None: ...
+    durable_version: int
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buffered_samples: _Optional[int] = ..., trained_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., rejected_samples: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., watchers: _Optional[int] = ..., durable_version: _Optional[int] = ...) -> None: ...

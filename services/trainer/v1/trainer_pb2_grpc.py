@@ -68,6 +68,10 @@ class TrainerServiceServicer:
         the coordinator's journal marks a sample done on its final ack, and the rate of acks is the
         backpressure (a trainer with lag policy `wait` simply stops reading). A sample already trained
         on is acked again as DUPLICATE, so resending after a crash is always safe.
+
+        A TRAINED ack survives a trainer crash only once `durable_version` reaches its version (a
+        checkpoint holds that step); until then a client keeps the sample and resends it on a new
+        stream. A restarted trainer trains again what its checkpoint did not hold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
