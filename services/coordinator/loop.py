@@ -18,6 +18,7 @@ scored, trained on, and the next round starts only once every inference server h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import deque
@@ -166,8 +167,10 @@ class RunLoop:
         await self._finish(tasks)
         if self._failure is not None:
             raise self._failure
-        if not self.stopping:
-            await self._submitter.settle()
+        # Wait until a trainer checkpoint holds every trained attempt; after a stop, for a while
+        # (what is left stays `trained` in the journal, and a resumed run resends it).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._submitter.settle(), STOP_GRACE_S if self.stopping else None)
 
     async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
         """Let groups in flight finish; after a stop, give them `STOP_GRACE_S`, then leave the rest

@@ -20,11 +20,11 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelinerl.common.errors import ErrorInfo, InvalidArgument
+from pipelinerl.common.errors import ErrorInfo, InvalidArgument, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.publisher import WeightPublisher
 from pipelinerl.common.types import Sample, WeightVersion
@@ -33,16 +33,22 @@ from pipelinerl.trainer.checkpoints import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy
 from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+from pipelinerl.trainer.validation import check_sample
 
 log = get_logger(__name__)
 
 AckSink = Callable[[SampleAck], None]
 
+MAX_FAILED_GROUPS = 3
+"""Groups in a row that fail a step on their own, with no step succeeding between them, before the
+trainer stops: by then the learner, not the data, is failing."""
+
 
 @dataclass
 class _Group:
     size: int
-    arrived: int = 0
+    arrived: set[str] = field(default_factory=set)
+    """Ids of members seen, trained or not, so a resent one does not count twice."""
     samples: list[Sample] = field(default_factory=list)
 
 
@@ -60,7 +66,14 @@ class TrainerLoopConfig:
 class Trainer:
     """Implements `TrainerCore` over a `Learner` and a `WeightPublisher`."""
 
-    def __init__(self, learner: Learner, publisher: WeightPublisher, config: TrainerLoopConfig) -> None:
+    def __init__(
+        self,
+        learner: Learner,
+        publisher: WeightPublisher,
+        config: TrainerLoopConfig,
+        on_halt: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`on_halt(reason)` is awaited if training stops for good (e.g. to report NOT_SERVING)."""
         self.learner = learner
         self.publisher = publisher
         self.config = config
@@ -84,6 +97,9 @@ class Trainer:
         self._flushing = False
         self._checkpoint_wanted = False
         self._checkpointed = 0
+        self._on_halt = on_halt
+        self._failed_groups = 0
+        """Groups in a row rejected because a step failed on them alone; 0 after a step succeeds."""
 
     async def start(self) -> None:
         """Resume from the latest checkpoint if there is one, publish the current version, train.
@@ -98,15 +114,14 @@ class Trainer:
                 self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
                 self.trained_ids = dict(read_trainer_state(latest).extra_state.get("trained", {}))
                 self._checkpointed = self.version
-                lost = self._checkpoints.published()
-                if lost > self.version:
-                    self.version = lost + 1
+            if (published := self._checkpoints.published()) > self.version:
+                self.version = published + 1
+            if latest is not None or published >= 0:
                 log.info("resumed", checkpoint=str(latest), version=self.version,
                          durable_version=self._checkpointed, trained_ids=len(self.trained_ids))  # fmt: skip
         bind_context(version=self.version)
         await self._publish()
-        self._loop_task = asyncio.create_task(self._train_forever())
-        self._loop_task.add_done_callback(_report_failure)
+        self._loop_task = asyncio.create_task(self._train_or_halt())
 
     async def close(self) -> None:
         """Let a step in progress finish (its acks are out already), then checkpoint and stop."""
@@ -175,20 +190,34 @@ class Trainer:
             self._held[sample.sample_id] = on_ack
             on_ack(SampleAck(sample.sample_id, Disposition.ACCEPTED, self.version))
             return
-        if max(sample.completion.versions) > self.version:
-            error = InvalidArgument.field(
-                f"samples[{index}].completion.versions",
-                f"version {max(sample.completion.versions)} is newer than the trainer's {self.version}",
-            )
+        if self._loop_task is not None and self._loop_task.done():
+            raise Unavailable("the training loop has stopped")
+        # Rejected and dropped samples count toward their group too, so the others are not held forever.
+        group = self._groups.setdefault(sample.group_id, _Group(sample.group_size))
+        group.arrived.add(sample.sample_id)
+        try:
+            check_sample(sample, self.learner.limits, f"samples[{index}]")
+            if max(sample.completion.versions) > self.version:
+                raise InvalidArgument.field(
+                    f"samples[{index}].completion.versions",
+                    f"version {max(sample.completion.versions)} is newer than the trainer's {self.version}",
+                )
+        except InvalidArgument as error:
             self._counts["rejected"] += 1
             on_ack(
                 SampleAck(
                     sample.sample_id, Disposition.REJECTED, self.version, ErrorInfo.from_exception(error)
                 )
             )
-            return
-        group = self._groups.setdefault(sample.group_id, _Group(sample.group_size))
-        group.arrived += 1
+        else:
+            self._hold(group, sample, on_ack)
+        if len(group.arrived) >= group.size:
+            del self._groups[sample.group_id]
+            if group.samples:
+                self._ready.append(group)
+
+    def _hold(self, group: _Group, sample: Sample, on_ack: AckSink) -> None:
+        """A valid sample: dropped for lag, or buffered in its group until a step trains it."""
         self._freshest = max(self._freshest, max(sample.completion.versions))
         lag = self.version - min(sample.completion.versions)
         if lag > self.config.max_lag and self.config.lag_policy is LagPolicy.DROP:
@@ -199,10 +228,6 @@ class Trainer:
             self._held[sample.sample_id] = on_ack
             self._buffered += 1
             on_ack(SampleAck(sample.sample_id, Disposition.ACCEPTED, self.version))
-        if group.arrived >= group.size:
-            del self._groups[sample.group_id]
-            if group.samples:
-                self._ready.append(group)
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -221,6 +246,17 @@ class Trainer:
             )
             return True
         return False
+
+    async def _train_or_halt(self) -> None:
+        """The training loop. Should it fail, no step follows: health turns NOT_SERVING (`on_halt`)
+        and admission answers UNAVAILABLE, instead of accepting samples that will never train."""
+        try:
+            await self._train_forever()
+        except Exception as error:
+            log.error("training loop failed; no further steps", exc_info=error)
+            if self._on_halt is not None:
+                await self._on_halt(f"training loop failed: {error!r}")
+            raise
 
     async def _train_forever(self) -> None:
         while True:
@@ -254,7 +290,12 @@ class Trainer:
     async def _train(self, groups: list[_Group], wait_s: float) -> None:
         samples = [sample for group in groups for sample in group.samples]
         started = time.perf_counter()
-        metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
+        try:
+            metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
+        except Exception as error:
+            await self._step_failed(groups, error, wait_s)
+            return
+        self._failed_groups = 0
         if metrics.stepped:
             self.version += 1
             bind_context(version=self.version)
@@ -275,6 +316,31 @@ class Trainer:
         self._record(metrics, wait_s, publish_s, time.perf_counter() - started)
         if metrics.stepped and self.version % self.config.checkpoint_every == 0:
             await self._checkpoint()
+
+    async def _step_failed(self, groups: list[_Group], error: Exception, wait_s: float) -> None:
+        """A step raised, before changing the weights: train each half of its groups as a step of its
+        own, which narrows the failure down to the groups that fail alone. Those are rejected (with
+        the error) and the rest trains; `MAX_FAILED_GROUPS` in a row stop the loop."""
+        samples = [sample for group in groups for sample in group.samples]
+        log.error("step failed", groups=len(groups), samples=len(samples), exc_info=error)
+        if len(groups) > 1:
+            half = len(groups) // 2
+            for part in (groups[:half], groups[half:]):
+                await self._train(part, wait_s)
+            return
+        reason = ErrorInfo("INTERNAL", f"a training step failed on this sample's group: {error!r}")
+        log.error("group rejected: the step fails on it", group=samples[0].group_id, samples=len(samples))
+        for sample in samples:
+            self._held.pop(sample.sample_id)(
+                SampleAck(sample.sample_id, Disposition.REJECTED, self.version, reason)
+            )
+        self._counts["rejected"] += len(samples)
+        async with self._changed:
+            self._buffered -= len(samples)
+            self._changed.notify_all()
+        self._failed_groups += 1
+        if self._failed_groups >= MAX_FAILED_GROUPS:
+            raise RuntimeError(f"{self._failed_groups} groups in a row failed a step on their own") from error
 
     def _record(self, metrics: StepMetrics, wait_s: float, publish_s: float, step_s: float) -> None:
         line = {
@@ -307,8 +373,3 @@ class Trainer:
         async with self._changed:
             self._checkpointed = self.version
             self._changed.notify_all()
-
-
-def _report_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.error("training loop failed; no further steps", exc_info=error)

@@ -1,0 +1,53 @@
+"""What a finished run proves about its samples, read from the journal, the trainer's final
+checkpoint and its metrics: every attempt is final, and every trained one is in the final weights
+exactly once."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+from pipelinerl.trainer.checkpoints import CheckpointDir
+from pipelinerl.trainer.learner import read_trainer_state
+
+
+def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]:
+    """sample id -> (state, disposition, version)."""
+    journal = sqlite3.connect(run_dir / "journal.sqlite")
+    try:
+        rows = journal.execute("SELECT sample_id, state, disposition, version FROM attempts").fetchall()
+    finally:
+        journal.close()
+    return {sample_id: (state, disposition, version) for sample_id, state, disposition, version in rows}
+
+
+def assert_trained_exactly_once(run_dir: Path, budget: int, lost: range = range(0)) -> Counter[str]:
+    """Checks the run in `run_dir` and returns its attempts per final disposition. `lost`: the
+    versions a trainer crash lost (published after its last checkpoint, never part of the final
+    weights' history).
+
+    Versions never repeat, so each trained id's version names the one step that trained it. Each
+    step of the final weights' history must consist of exactly the ids journaled at its version:
+    no sample is in two of them, and none is missing."""
+    rows = journal_rows(run_dir)
+    assert len(rows) == budget, f"{len(rows)} attempts for a budget of {budget}"
+    unfinished = {i: row for i, row in rows.items() if row[0] != "acked"}
+    assert not unfinished, f"attempts not final: {sorted(unfinished.items())[:5]}"
+    dispositions = Counter(str(d) for _, d, _ in rows.values())
+    reasons = {d for d in dispositions if d != "trained"}
+    assert all(d == "dropped" or d.startswith(("failed:", "unscored:")) for d in reasons), dispositions
+    trained = {i: v for i, (_, d, v) in rows.items() if d == "trained"}
+
+    checkpoint = CheckpointDir(run_dir / "checkpoints").latest()
+    assert checkpoint is not None, "the trainer left no checkpoint"
+    in_weights = read_trainer_state(checkpoint).extra_state["trained"]
+    assert in_weights == trained, "the checkpoint's trained ids differ from the journal's"
+
+    steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    history = {s["version"]: s["samples"] for s in steps if s["stepped"] and s["version"] not in lost}
+    per_step = Counter(trained.values())
+    assert not set(per_step) - set(history), f"ids trained in lost steps: {set(per_step) - set(history)}"
+    assert per_step == Counter(history), "a step of the final weights holds ids journaled elsewhere"
+    return dispositions
