@@ -1,6 +1,9 @@
 """Client channels to PipelineRL services: deadlines, retries of UNAVAILABLE with backoff, bearer
 token and TLS, the same message-size limit as the servers.
 
+A process whose clients all verify servers with one CA (every service of a run behind TLS) may
+name it once in the environment, `PIPELINERL_TLS_CA_FILE`, instead of in each `ChannelConfig`.
+
 Retries use gRPC's own retry policy (service config), so they apply to every method, including the
 start of streams, and respect the call's deadline. Unary calls without an explicit `timeout=` get
 `default_timeout_s`; long-lived streams are left without a deadline and end by cancellation.
@@ -9,8 +12,9 @@ start of streams, and respect the call's deadline. Unary calls without an explic
 from __future__ import annotations
 
 import json
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -18,6 +22,13 @@ import grpc
 
 from pipelinerl.common.server import channel_options
 from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
+
+TLS_CA_FILE_ENV = "PIPELINERL_TLS_CA_FILE"
+
+
+def _tls_ca_file_from_env() -> Path | None:
+    value = os.environ.get(TLS_CA_FILE_ENV)
+    return Path(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -28,8 +39,8 @@ class ChannelConfig:
     """`host:port` of the service."""
     auth_token: str | None = None
     """Bearer token the server expects, if any."""
-    tls_ca_file: Path | None = None
-    """PEM CA bundle to verify the server with; set to use TLS."""
+    tls_ca_file: Path | None = field(default_factory=_tls_ca_file_from_env)
+    """PEM CA bundle to verify the server with; set to use TLS. Defaults to `$PIPELINERL_TLS_CA_FILE`."""
     tls_cert_file: Path | None = None
     """Client certificate for mutual TLS."""
     tls_key_file: Path | None = None
@@ -75,27 +86,31 @@ class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(details, request)
 
 
-class _TokenInterceptor(
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """Adds the bearer token to streaming calls."""
+class _TokenDetails:
+    """Adds the bearer token to a call's metadata."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str) -> None:
         self._token = token
-
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(client_call_details), request)
-
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(client_call_details), request_iterator)
-
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
-        return await continuation(self._details(client_call_details), request_iterator)
 
     def _details(self, details):  # type: ignore[no-untyped-def]
         return details._replace(metadata=_with_token(details.metadata, self._token))
+
+
+# One class per call type: grpc.aio files an interceptor under the first call type it is an
+# instance of (an if/elif chain), so one class for several types would see only one of them.
+class _UnaryStreamToken(_TokenDetails, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+
+class _StreamUnaryToken(_TokenDetails, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _StreamStreamToken(_TokenDetails, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
 
 
 def _with_token(metadata: Any, token: str | None) -> grpc.aio.Metadata | None:
@@ -120,7 +135,10 @@ def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
         ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
         ("grpc.service_config", _service_config(config)),
     ]
-    interceptors = [_DefaultsInterceptor(config), _TokenInterceptor(config.auth_token)]
+    interceptors: list[grpc.aio.ClientInterceptor] = [_DefaultsInterceptor(config)]
+    if config.auth_token is not None:
+        token = config.auth_token
+        interceptors += [_UnaryStreamToken(token), _StreamUnaryToken(token), _StreamStreamToken(token)]
     if config.tls_ca_file is None:
         return grpc.aio.insecure_channel(config.address, options=options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(

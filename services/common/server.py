@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.errors import InvalidArgument, PipelineError
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.settings import ServiceSettings, split_config_flag
 from pipelinerl.common.status import rpc_status
@@ -60,10 +61,12 @@ def _wrap_behavior(
     handler: grpc.RpcMethodHandler,
     wrap_unary: Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]],
     wrap_stream: Callable[[Callable[..., Any]], Callable[..., Any]],
+    request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
-    """Rebuild `handler` with its behaviour wrapped, keeping its (de)serializers and arity."""
+    """Rebuild `handler` with its behaviour wrapped, keeping its arity, its response serializer and,
+    unless another is given, its request deserializer."""
     serde = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:
@@ -75,8 +78,40 @@ def _wrap_behavior(
     return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), **serde)
 
 
+@dataclass(frozen=True)
+class _Malformed:
+    """A unary request whose bytes did not parse; the call wrapper raises `error`."""
+
+    error: InvalidArgument
+
+
+def _checked_deserializer(handler: grpc.RpcMethodHandler) -> Callable[[bytes], Any] | None:
+    """The handler's deserializer, with a parse failure turned into InvalidArgument: gRPC itself
+    answers a unary one with UNKNOWN and leaves a request stream hanging."""
+    deserializer = handler.request_deserializer
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            error = InvalidArgument(f"the request is not a valid message: {exc}")
+            if handler.request_streaming:
+                raise error from exc  # surfaces where the servicer reads the stream
+            return _Malformed(error)  # gRPC parses a unary request before the servicer runs
+
+    return deserialize
+
+
+def _raise_if_malformed(request: Any) -> None:
+    if isinstance(request, _Malformed):
+        raise request.error
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns a `PipelineError` raised by a servicer into its status code with google.rpc details."""
+    """Turns a `PipelineError` raised by a servicer, or a request that is not a valid message, into
+    its status code with google.rpc details."""
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = await continuation(handler_call_details)
@@ -87,6 +122,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         def wrap_unary(behavior):  # type: ignore[no-untyped-def]
             async def unary(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    _raise_if_malformed(request)
                     return await behavior(request, context)
                 except PipelineError as exc:
                     log.info("call failed", method=method, code=exc.code, error=exc.message)
@@ -97,6 +133,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         def wrap_stream(behavior):  # type: ignore[no-untyped-def]
             async def stream(request, context):  # type: ignore[no-untyped-def]
                 try:
+                    _raise_if_malformed(request)
                     async for response in behavior(request, context):
                         yield response
                 except PipelineError as exc:
@@ -105,7 +142,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             return stream
 
-        return _wrap_behavior(handler, wrap_unary, wrap_stream)
+        return _wrap_behavior(handler, wrap_unary, wrap_stream, _checked_deserializer(handler))
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
@@ -191,6 +228,12 @@ class GrpcServer:
         if port == 0:
             raise OSError(f"could not bind {address}")
         return port
+
+    async def set_not_serving(self, reason: str) -> None:
+        """Report NOT_SERVING on every service, for good, while calls are still answered: for a server
+        whose core can no longer work, so that probes and clients stop sending it work."""
+        log.error("not serving", reason=reason)
+        await self._health.enter_graceful_shutdown()  # later status changes are then ignored
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, refuse new calls, let calls in flight finish within `grace`

@@ -26,6 +26,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
 
     from pipelinerl.common.channel import ChannelConfig
     from pipelinerl.inference.receiver import WeightReceiver
+    from pipelinerl.inference.runner import EngineRunner
     from pipelinerl.inference.server import InferenceServicer, registration
     from pipelinerl.trainer.client import TrainerClient
 
@@ -57,7 +58,10 @@ async def build(settings: InferenceSettings) -> GrpcServer:
             await trainer.close()
 
         on_close.insert(0, stop_following)
-    return GrpcServer(settings, [registration(servicer)], on_drain=[servicer.drain], on_close=on_close)
+    server = GrpcServer(settings, [registration(servicer)], on_drain=[servicer.drain], on_close=on_close)
+    if isinstance(runner, EngineRunner):
+        runner.on_failure = lambda exc: server.set_not_serving(f"the engine failed: {exc!r}")
+    return server
 
 
 async def _start_engine(settings: InferenceSettings, initial_version: int) -> EngineRunner | VllmBackend:

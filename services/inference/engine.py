@@ -16,6 +16,8 @@ its own loop and routes the outputs; tests drive it directly.
                the decode batch at the next step
             5. finished rows leave (stop token, stop string, max_new_tokens) and the last row
                moves into each hole, so running rows are always 0..n-1
+            A decode or prefill that raises is retried one request at a time; a request that still
+            fails, or whose logits are NaN/inf, ends with a `FailedUpdate` and the others go on.
                                                        │
                                                        ▼
     list[GenerationUpdate]: the final update of each finished request, plus per-step deltas for
@@ -39,7 +41,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +57,13 @@ from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, Limi
 log = get_logger(__name__)
 
 MAX_TEMPERATURE = 100.0
+
+
+@dataclass
+class FailedUpdate(GenerationUpdate):
+    """The final update (finish reason `abort`) of a request the engine could not continue."""
+
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,10 +214,13 @@ class InferenceEngine:
         self._swap_staged_weights()
         outputs = self._apply_aborts()
         if self._running:
-            self._decode()
+            self._isolated(self._decode, list(range(len(self._running))))
         newcomers = self._admit()
         if newcomers:
-            self._prefill(newcomers)
+            self._running.extend(newcomers)
+            self._isolated(
+                self._prefill, list(range(len(self._running) - len(newcomers), len(self._running)))
+            )
         outputs += self._collect_updates()
         self._recent_steps.append((self._generated - generated_before, time.perf_counter() - started))
         return outputs
@@ -255,26 +267,52 @@ class InferenceEngine:
                 longest = padded_longest
         return admitted
 
-    def _decode(self) -> None:
-        """One token for every running row, in one forward of q_len 1."""
-        positions = torch.tensor([s.next_position for s in self._running], device=self.model.device)
-        kv_len = int(positions.max()) + 1
-        keys = torch.arange(kv_len, device=positions.device)
-        allowed = (keys[None, :] <= positions[:, None])[:, None, None, :]
-        plan = _CachePlan(
-            rows=torch.arange(len(self._running), device=positions.device),
-            positions=positions,
-            real=torch.ones(len(self._running), 1, dtype=torch.bool, device=positions.device),
-            capacity=self._capacity_for(kv_len),
-            read=(len(self._running), kv_len),
-        )
-        input_ids = torch.tensor([[s.tokens.token_ids[-1]] for s in self._running], device=positions.device)
-        logits = self._forward(input_ids, positions[:, None], allowed, plan)
-        self._append_sampled(self._running, logits)
+    def _isolated(self, run: Callable[[list[int]], None], rows: list[int]) -> None:
+        """`run(rows)`; if it raises, each row again on its own, and a row that still fails ends its
+        request with the error: one bad request must not fail those batched with it. Rerunning is
+        safe since a forward rewrites the same cache entries and sampling happens only after it."""
+        try:
+            run(rows)
+        except Exception as exc:
+            if len(rows) > 1:
+                log.warning("batched step failed; retrying its requests one by one", error=repr(exc))
+                for row in rows:
+                    if self._running[row].finish_reason is None:  # it may have ended before the error
+                        self._isolated(run, [row])
+            else:
+                self._fail(self._running[rows[0]], repr(exc))
 
-    def _prefill(self, newcomers: list[_Sequence]) -> None:
-        """Prompts left-padded to the longest one, so the last column holds every row's next-token
-        logits; the cache stores each prompt from index 0 (padding is never written)."""
+    def _fail(self, sequence: _Sequence, error: str) -> None:
+        log.error("request failed in the engine", request_id=sequence.request.request_id, error=error)
+        sequence.finish_reason = FinishReason.ABORT
+        sequence.error = error
+
+    def _decode(self, rows: list[int]) -> None:
+        """One token for each of these running rows, in one forward of q_len 1."""
+        sequences = [self._running[row] for row in rows]
+        device = self.model.device
+        positions = torch.tensor([s.next_position for s in sequences], device=device)
+        kv_len = int(positions.max()) + 1
+        keys = torch.arange(kv_len, device=device)
+        allowed = (keys[None, :] <= positions[:, None])[:, None, None, :]
+        # All rows (the usual case) are 0..n-1 and read as a view; a subset reads a copy.
+        everyone = len(rows) == len(self._running)
+        plan = _CachePlan(
+            rows=torch.tensor(rows, device=device),
+            positions=positions,
+            real=torch.ones(len(rows), 1, dtype=torch.bool, device=device),
+            capacity=self._capacity_for(kv_len),
+            read=(slice(0, len(rows)) if everyone else torch.tensor(rows, device=device), kv_len),
+        )
+        input_ids = torch.tensor([[s.tokens.token_ids[-1]] for s in sequences], device=device)
+        logits = self._forward(input_ids, positions[:, None], allowed, plan)
+        self._append_sampled(sequences, logits)
+
+    def _prefill(self, rows: list[int]) -> None:
+        """Prompts of these running rows (not yet prefilled), left-padded to the longest one, so the
+        last column holds every row's next-token logits; the cache stores each prompt from index 0
+        (padding is never written)."""
+        newcomers = [self._running[row] for row in rows]
         device = self.model.device
         lengths = torch.tensor([len(s.request.prompt_token_ids) for s in newcomers], device=device)
         width = int(lengths.max())
@@ -287,16 +325,13 @@ class InferenceEngine:
         positions = (columns[None, :] - starts[:, None]).clamp(min=0)
         causal = columns[None, :] <= columns[:, None]
         allowed = (causal[None, :, :] & real[:, None, :])[:, None]
-        first_row = len(self._running)
-        rows = torch.arange(first_row, first_row + len(newcomers), device=device)
         plan = _CachePlan(
-            rows=rows[:, None].expand(-1, width)[real],
+            rows=torch.tensor(rows, device=device)[:, None].expand(-1, width)[real],
             positions=positions[real],
             real=real,
             capacity=self._capacity_for(width),
             read=None,
         )
-        self._running.extend(newcomers)
         logits = self._forward(input_ids, positions, allowed, plan)
         self._append_sampled(newcomers, logits)
 
@@ -323,11 +358,18 @@ class InferenceEngine:
     def _append_sampled(self, sequences: list[_Sequence], logits: torch.Tensor) -> None:
         params = [s.request.sampling for s in sequences]
         sampled = sample(logits, params, [s.generator for s in sequences])
-        for sequence, token, logprob in zip(
-            sequences, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True
+        for sequence, token, logprob, valid in zip(
+            sequences,
+            sampled.token_ids.tolist(),
+            sampled.logprobs.tolist(),
+            sampled.valid.tolist(),
+            strict=True,
         ):
-            sequence.append(token, logprob, self._version)
-        self._generated += len(sequences)
+            if valid:
+                sequence.append(token, logprob, self._version)
+                self._generated += 1
+            else:
+                self._fail(sequence, "the model's logits are NaN or infinite")
 
     def _collect_updates(self) -> list[GenerationUpdate]:
         outputs = []
@@ -356,6 +398,8 @@ class InferenceEngine:
             self._live_ids.discard(request.request_id)
         text = self.tokenizer.decode(sequence.tokens.token_ids, skip_special_tokens=True)
         update = sequence.delta()
+        if sequence.error is not None:
+            update = FailedUpdate(update.request_id, update.tokens, error=sequence.error)
         update.finish_reason = reason
         update.text = _cut_at_stop_string(text, request.sampling.stop)
         log.debug("request finished", request_id=request.request_id, finish_reason=reason.value)
@@ -454,6 +498,8 @@ class _Sequence:
     emitted: int = 0
     """Tokens already handed out in updates."""
     finish_reason: FinishReason | None = None
+    error: str | None = None
+    """Why the engine could not continue it (it then finishes with `abort`)."""
 
     @classmethod
     def start(
@@ -536,7 +582,7 @@ class _CachePlan:
     """[batch, q_len] bool: which input slots are real tokens"""
     capacity: int
     """cache length the buffers must have"""
-    read: tuple[int, int] | None
+    read: tuple[slice | torch.Tensor, int] | None
     """(rows, kv_len) to attend to; None for a prefill, which attends only to its own fresh keys"""
 
 
@@ -578,7 +624,7 @@ class _SlotLayer(CacheLayerMixin):
         if plan.read is None:
             return key_states, value_states
         rows, kv_len = plan.read
-        return self.keys[:rows, :, :kv_len], self.values[:rows, :, :kv_len]
+        return self.keys[rows, :, :kv_len], self.values[rows, :, :kv_len]
 
     def move_row(self, source: int, target: int, length: int) -> None:
         self.keys[target, :, :length] = self.keys[source, :, :length]

@@ -6,21 +6,24 @@ that routes each step's updates to the request that owns them.
          └── per-request queue ◄── call_soon_threadsafe(updates)
 
 Closing a `generate` iterator early (client cancel, stream gone) aborts the request in the engine,
-which frees its cache row at the next step.
+which frees its cache row at the next step. A request the engine fails raises INTERNAL for that
+request only; a step that raises stops the engine for good: every request fails with UNAVAILABLE
+and `on_failure` runs (the server reports NOT_SERVING).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import torch
 
-from pipelinerl.common.errors import Unavailable
+from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
-from pipelinerl.inference.engine import InferenceEngine
+from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.receiver import WeightReceiver
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
 
@@ -36,6 +39,8 @@ class EngineRunner:
         self.run_id = run_id
         self.receiver: WeightReceiver | None = None
         """Set when the server follows a trainer; its counters are reported in `status()`."""
+        self.on_failure: Callable[[Exception], Awaitable[None]] | None = None
+        """Awaited, in the event loop, once the engine loop has died."""
         self._queues: dict[str, asyncio.Queue[GenerationUpdate | Exception]] = {}
         self._failure: Exception | None = None
         self._version = engine.weight_version
@@ -44,6 +49,7 @@ class EngineRunner:
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._failing: concurrent.futures.Future[None] | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -76,6 +82,9 @@ class EngineRunner:
                 update = await queue.get()
                 if isinstance(update, Exception):
                     raise Unavailable(f"the engine failed: {update}")
+                if isinstance(update, FailedUpdate):
+                    finished = True  # the engine has already let go of it
+                    raise PipelineError(f"generation failed: {update.error}")
                 finished = update.finish_reason is not None
                 yield update
         finally:
@@ -118,8 +127,9 @@ class EngineRunner:
                 try:
                     updates = self.engine.step()  # also swaps staged weights when idle
                 except Exception as exc:  # a broken engine fails every request rather than hang them
-                    log.exception("engine step failed")
-                    self._loop.call_soon_threadsafe(self._fail_all, exc)
+                    log.exception("engine step failed; the engine is stopped")
+                    # Kept, since it holds the task and the event loop keeps only weak references.
+                    self._failing = asyncio.run_coroutine_threadsafe(self._fail_all(exc), self._loop)
                     return
                 if updates:
                     self._loop.call_soon_threadsafe(self._deliver, updates)
@@ -128,11 +138,13 @@ class EngineRunner:
                 if not self.engine.has_work:
                     break
 
-    def _fail_all(self, exc: Exception) -> None:
+    async def _fail_all(self, exc: Exception) -> None:
         self._failure = exc
         for queue in self._queues.values():
             queue.put_nowait(exc)
         self._swapped.set()
+        if self.on_failure is not None:
+            await self.on_failure(exc)
 
     def _on_swapped(self, version: int) -> None:
         self._version = version

@@ -9,6 +9,12 @@ Logprob convention (what the trainer's importance ratios are computed against):
   - greedy rows (temperature == 0): log_softmax of the raw logits at the argmax, since a greedy
     "distribution" would put probability 1 (logprob 0) on every token and tell the trainer nothing.
 All logprobs are float32 whatever the model's dtype.
+
+Numerics: logits are taken relative to their row maximum before the temperature divides them, so
+every temperature in (0, 100] keeps the top token at 0 and the others at worst at -inf (never inf
+or NaN), and the most likely token survives any top_p > 0. A row whose logits have no finite
+maximum (NaN, +inf, all -inf: broken weights or inputs) is not sampled but marked invalid, so it
+cannot fail the rows it is batched with.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class SampledTokens:
     """int64 [batch]"""
     logprobs: torch.Tensor
     """float32 [batch], see the module docstring for the convention."""
+    valid: torch.Tensor
+    """bool [batch]: False where the row's logits were unusable; its token and logprob mean nothing."""
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -44,33 +52,38 @@ def sample(
 ) -> SampledTokens:
     """Choose one token per row of `logits` [batch, vocab]; row i uses params[i] and generators[i]."""
     logits = logits.float()
-    greedy = torch.tensor([p.temperature == 0 for p in params], device=logits.device)
-    token_ids = torch.empty(len(params), dtype=torch.long, device=logits.device)
-    logprobs = torch.empty(len(params), dtype=torch.float32, device=logits.device)
+    valid = logits.amax(dim=-1).isfinite()  # amax propagates NaN
+    is_greedy = torch.tensor([p.temperature == 0 for p in params], device=logits.device)
+    greedy = is_greedy & valid
+    token_ids = torch.zeros(len(params), dtype=torch.long, device=logits.device)
+    logprobs = torch.full((len(params),), float("nan"), device=logits.device)
     if greedy.any():
         raw = torch.log_softmax(logits[greedy], dim=-1)
         chosen = raw.argmax(dim=-1)
         token_ids[greedy] = chosen
         logprobs[greedy] = raw.gather(-1, chosen[:, None]).squeeze(-1)
-    if not greedy.all():
-        rows = (~greedy).nonzero().squeeze(-1).tolist()
+    rows = (~is_greedy & valid).nonzero().squeeze(-1).tolist()
+    if rows:
         filtered = torch.log_softmax(filter_logits(logits[rows], [params[i] for i in rows]), dim=-1)
         for j, row in enumerate(rows):
             token = torch.multinomial(filtered[j].exp(), 1, generator=generators[row])
             token_ids[row] = token[0]
             logprobs[row] = filtered[j, token[0]]
-    return SampledTokens(token_ids, logprobs)
+    return SampledTokens(token_ids, logprobs, valid)
 
 
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Apply temperature, top-k and top-p to float logits [batch, vocab]; dropped tokens become -inf.
 
-    Every row needs temperature > 0. `log_softmax` of the result is the distribution that `sample`
-    draws from.
+    Every row needs temperature > 0 and a finite maximum. `log_softmax` of the result is the
+    distribution that `sample` draws from.
     """
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
-    scaled = logits / temperature[:, None]
+    # A temperature below the smallest normal float (1e-45 is a denormal) could flush to 0, and
+    # 0 / 0 is NaN; relative to the maximum, any smaller temperature is greedy anyway.
+    temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature[:, None]
     if all(p.top_k == 0 and p.top_p >= 1 for p in params):
         return scaled  # the common RL setting; skip the sort over the vocabulary
     vocab = logits.shape[-1]
@@ -82,7 +95,8 @@ def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # A token is needed only while the more likely ones have not yet reached top_p; the first token
-    # always survives (mass_before is 0), and top_p >= 1 rows skip this so rounding drops nothing.
-    nucleus_full = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    # always survives (even a top_p that rounds to 0), and top_p >= 1 rows skip this so rounding
+    # drops nothing.
+    nucleus_full = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1) & (ranks[None, :] > 0)
     ordered = ordered.masked_fill(nucleus_full, float("-inf"))
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)

@@ -36,7 +36,8 @@ class _GenerateStream:
         self._backend = backend
         self._draining = draining
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._out: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()
+        self._out: asyncio.Queue[pb.GenerateResponse | Exception | None] = asyncio.Queue()
+        """Responses to send; None ends the stream, an exception ends it with that error."""
 
     async def run(self, requests: AsyncIterator[pb.GenerateRequest]) -> AsyncIterator[pb.GenerateResponse]:
         yield capacity_to_proto(self._backend.limits, self._window())
@@ -44,6 +45,8 @@ class _GenerateStream:
         drain_watch = asyncio.create_task(self._on_drain())
         try:
             while (response := await self._out.get()) is not None:
+                if isinstance(response, Exception):
+                    raise response
                 yield response
         finally:
             for task in (reader, drain_watch, *self._tasks.values()):
@@ -53,12 +56,16 @@ class _GenerateStream:
         return 0 if self._draining.is_set() else self._backend.limits.max_running
 
     async def _read(self, requests: AsyncIterator[pb.GenerateRequest]) -> None:
-        async for request in requests:
-            action = request.WhichOneof("action")
-            if action == "submit":
-                self._submit(request.submit)
-            elif action == "cancel" and (task := self._tasks.get(request.cancel.request_id)):
-                task.cancel()
+        try:
+            async for request in requests:
+                action = request.WhichOneof("action")
+                if action == "submit":
+                    self._submit(request.submit)
+                elif action == "cancel" and (task := self._tasks.get(request.cancel.request_id)):
+                    task.cancel()
+        except Exception as exc:  # e.g. a malformed message: end the stream with it, never hang
+            self._out.put_nowait(exc)
+            return
         # The client half-closed: finish what is running, then end the stream.
         await self._wait_idle()
         self._out.put_nowait(None)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import LayeredSettings
@@ -65,6 +65,15 @@ class RunSettings(LayeredSettings):
     """Interpreter of the vLLM virtualenv (vLLM pins its own torch, so it lives apart)."""
     pin_cores: bool = True
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
+    auth_token: str | None = None
+    """Bearer token every service then requires (health checks excepted) and every client sends."""
+    tls_cert_file: Path | None = None
+    """PEM certificate, valid for 127.0.0.1, that every service serves TLS with (with `tls_key_file`)."""
+    tls_key_file: Path | None = None
+    """PEM private key of `tls_cert_file`."""
+    tls_ca_file: Path | None = None
+    """PEM CA bundle the clients verify the services with; unset, `tls_cert_file` (self-signed). With
+    `coordinator_address`, set it alone to reach a coordinator that speaks TLS."""
     coordinator_address: str | None = None
     """`host:port` of a coordinator already running with its services (docker compose, a cluster):
     start the run there and follow it, starting no process. The service sections and the placement
@@ -77,3 +86,16 @@ class RunSettings(LayeredSettings):
     """Extra settings of every inference server."""
     coordinator: dict[str, Any] = Field(default_factory=dict)
     """Extra settings of the coordinator."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.tls_ca_file is not None and self.tls_cert_file is None and self.coordinator_address is None:
+            raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file, or coordinator_address")
+        return self
+
+    @property
+    def client_ca_file(self) -> Path | None:
+        """The CA that clients of this run verify the services with, if they speak TLS."""
+        return self.tls_ca_file or self.tls_cert_file

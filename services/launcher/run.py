@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
@@ -91,11 +92,20 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "threads": threads,
         "engine": settings.engine,
     }
+    security: dict[str, Any] = {}  # what every service requires of its callers
+    if settings.auth_token is not None:
+        security["auth_token"] = settings.auth_token
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        security |= {"tls_cert_file": str(settings.tls_cert_file), "tls_key_file": str(settings.tls_key_file)}
+    coordinator: dict[str, Any] = {"journal_path": str(run_dir / "journal.sqlite")}
+    if settings.auth_token is not None:  # each service calls the others with the same token
+        inference["trainer_auth_token"] = settings.auth_token
+        coordinator["services_auth_token"] = settings.auth_token
     return {
-        "reward": merge({"workers": 1}, settings.reward),
-        "trainer": merge(trainer, settings.trainer),
-        "inference": merge(inference, settings.inference),
-        "coordinator": merge({"journal_path": str(run_dir / "journal.sqlite")}, settings.coordinator),
+        "reward": merge({"workers": 1, **security}, settings.reward),
+        "trainer": merge({**trainer, **security}, settings.trainer),
+        "inference": merge({**inference, **security}, settings.inference),
+        "coordinator": merge({**coordinator, **security}, settings.coordinator),
     }
 
 
@@ -126,7 +136,8 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     run_dir.mkdir(parents=True, exist_ok=True)
     threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
-    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
+    ca = settings.client_ca_file
+    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir, tls_ca_file=ca))
     trainer = start_service(
         "trainer",
         "pipelinerl.trainer",
@@ -134,6 +145,7 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
         run_dir,
         trainer_cores,
         ranks=settings.trainer_ranks,
+        tls_ca_file=ca,
     )
     processes.append(trainer)
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
@@ -148,6 +160,7 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
             run_dir,
             cores,
             python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
+            tls_ca_file=ca,
         )
         for i, cores in enumerate(inference_cores)
     ]
@@ -159,7 +172,11 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
         "trainer_address": trainer.address,
     }
     coordinator = start_service(
-        "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
+        "coordinator",
+        "pipelinerl.coordinator",
+        merge(configs["coordinator"], addresses),
+        run_dir,
+        tls_ca_file=ca,
     )
     processes.append(coordinator)
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
@@ -183,7 +200,8 @@ async def _drive(
     settings: RunSettings, address: str, on_progress: Callable[[RunInfo, float], None] | None
 ) -> RunResult:
     metrics = MetricsLog(settings.run_dir / "metrics.jsonl")
-    async with CoordinatorClient(address) as client:
+    channel = ChannelConfig(address, auth_token=settings.auth_token, tls_ca_file=settings.client_ca_file)
+    async with CoordinatorClient(channel) as client:
         run = await client.start_run(_spec(settings), run_id=settings.run_id)
         started = time.monotonic()
         async for run in client.watch_run(settings.run_id):

@@ -1,16 +1,22 @@
-"""The Generate stream over gRPC with a fake engine: flow control, per-request errors, cancellation."""
+"""The Generate stream over gRPC: flow control, per-request errors and cancellation with a fake engine;
+numerically extreme sampling and a dead engine loop with the real one."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.errors import InvalidArgument, PipelineError
 from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference import server as inference_server
+from pipelinerl.inference.__main__ import build
 from pipelinerl.inference.client import InferenceClient
+from pipelinerl.inference.config import InferenceSettings
+from pipelinerl.inference.engine import InferenceEngine
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
@@ -85,3 +91,55 @@ async def test_cancel_aborts_on_the_engine_and_over_capacity_is_refused(backend_
         (f"r{window}", grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
     ]
     assert sum(e.WhichOneof("event") == "completion" for e in events) == window
+
+
+@pytest.fixture
+async def real_engine_server():
+    server = await build(InferenceSettings(port=0, model="tiny", ignore_eos=True))
+    await server.start()
+    yield server
+    await server.stop(grace=0)
+
+
+async def health_of(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return response.status
+
+
+async def test_a_near_zero_temperature_fails_no_request_on_the_real_engine(real_engine_server) -> None:
+    async with InferenceClient(real_engine_server.address) as client, client.session() as session:
+        cold = SamplingParams(temperature=1e-45, max_new_tokens=6)  # a float32 denormal on the wire
+        completions = await asyncio.gather(
+            session.generate(GenerationRequest("cold", [1, 10, 11], cold)),
+            session.generate(GenerationRequest("warm", [1, 12], SamplingParams(max_new_tokens=6, seed=1))),
+        )
+        later = await session.generate(
+            GenerationRequest("later", [1, 10, 11], SamplingParams(temperature=0, max_new_tokens=6))
+        )
+    assert [len(c.tokens) for c in completions] == [6, 6]
+    assert all(math.isfinite(lp) for c in completions for lp in c.tokens.logprobs)
+    assert completions[0].tokens.token_ids == later.tokens.token_ids  # near-zero temperature is greedy
+    assert await health_of(real_engine_server.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_an_engine_whose_loop_died_reports_not_serving(
+    real_engine_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self) -> None:  # type: ignore[no-untyped-def]
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    async with InferenceClient(real_engine_server.address) as client, client.session() as session:
+        await session.generate(GenerationRequest("ok", [1, 10], SamplingParams(max_new_tokens=2)))
+        monkeypatch.setattr(InferenceEngine, "_swap_staged_weights", broken)  # every step starts with it
+        for request_id in ("dies", "after"):
+            with pytest.raises(PipelineError) as exc:
+                await session.generate(
+                    GenerationRequest(request_id, [1, 10], SamplingParams(max_new_tokens=2))
+                )
+            assert exc.value.code == "UNAVAILABLE"
+    for _ in range(50):
+        if await health_of(real_engine_server.address) == health_pb2.HealthCheckResponse.NOT_SERVING:
+            break
+        await asyncio.sleep(0.05)
+    assert await health_of(real_engine_server.address) == health_pb2.HealthCheckResponse.NOT_SERVING

@@ -1,17 +1,20 @@
-"""Every service's server: health, reflection, bearer-token auth, and malformed requests answered
-with INVALID_ARGUMENT and a field violation, over real gRPC on 127.0.0.1."""
+"""Every service's server: health, reflection, bearer-token auth (sent by the client channel on every
+call type), and malformed requests (bytes that do not parse included) answered with
+INVALID_ARGUMENT, over real gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pool
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from pipelinerl.common.channel import ChannelConfig
+from pipelinerl.common.channel import ChannelConfig, open_channel
 from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.server import Registration
 from pipelinerl.coordinator import server as coordinator_server
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
@@ -105,3 +108,100 @@ async def test_coordinator_malformed_request(start_server) -> None:
         run = await client.start_run(RunSpec("builtin:digits", group_size=4), run_id="r1")
         assert (await client.get_run("r1")).spec == run.spec
         assert [r.progress.trained async for r in client.watch_run("r1")] == [1, 2]
+
+
+async def _echo_unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    return request
+
+
+async def _echo_stream(request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    yield request
+
+
+async def _join(requests, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[no-untyped-def]
+    return b"".join([r async for r in requests])
+
+
+async def _echo_each(requests, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    async for request in requests:
+        yield request
+
+
+ECHO = Registration(
+    "test.Echo",
+    lambda server: server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "test.Echo",
+                {
+                    "UnaryUnary": grpc.unary_unary_rpc_method_handler(_echo_unary),
+                    "UnaryStream": grpc.unary_stream_rpc_method_handler(_echo_stream),
+                    "StreamUnary": grpc.stream_unary_rpc_method_handler(_join),
+                    "StreamStream": grpc.stream_stream_rpc_method_handler(_echo_each),
+                },
+            )
+        ]
+    ),
+)
+
+
+async def _call_each_type(channel: grpc.aio.Channel) -> list[list[bytes]]:
+    """One call of each of the four types on raw bytes, each answered with what it echoed."""
+
+    async def listed(call) -> list[bytes]:  # type: ignore[no-untyped-def]
+        return [r async for r in call]
+
+    return [
+        [await channel.unary_unary("/test.Echo/UnaryUnary")(b"a", timeout=5)],
+        await listed(channel.unary_stream("/test.Echo/UnaryStream")(b"b", timeout=5)),
+        [await channel.stream_unary("/test.Echo/StreamUnary")(iter([b"c"]), timeout=5)],
+        await listed(channel.stream_stream("/test.Echo/StreamStream")(iter([b"d"]), timeout=5)),
+    ]
+
+
+async def test_every_call_type_carries_the_bearer_token(start_server) -> None:
+    address = await start_server(ECHO, auth_token="s3cret")
+    async with open_channel(ChannelConfig(address, auth_token="s3cret")) as channel:
+        assert await _call_each_type(channel) == [[b"a"], [b"b"], [b"c"], [b"d"]]
+    # The server does check: without the right token, no call type gets through.
+    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        async with open_channel(ChannelConfig(address, auth_token="wrong", max_attempts=1)) as channel:
+            call = getattr(channel, kind)(f"/test.Echo/{kind.title().replace('_', '')}")
+            request = b"x" if kind.startswith("unary_") else iter([b"x"])
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                response = call(request, timeout=5)
+                _ = [r async for r in response] if kind.endswith("_stream") else await response
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _every_method() -> list[tuple[str, str, bool, bool]]:
+    pool = descriptor_pool.Default()
+    return [
+        (service, m.name, m.client_streaming, m.server_streaming)
+        for service in sorted(REGISTRATIONS)
+        for m in pool.FindServiceByName(service).methods
+    ]
+
+
+@pytest.mark.parametrize(("service", "method", "client_streaming", "server_streaming"), _every_method())
+async def test_bytes_that_are_no_message_get_invalid_argument_and_end_the_call(
+    start_server, service: str, method: str, client_streaming: bool, server_streaming: bool
+) -> None:
+    address = await start_server(REGISTRATIONS[service]())
+    garbage = b"\xff\xff\xff"
+    kind = f"{'stream' if client_streaming else 'unary'}_{'stream' if server_streaming else 'unary'}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        multicallable = getattr(channel, kind)(f"/{service}/{method}")  # no (de)serializers: raw bytes
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            if client_streaming:  # the client never half-closes: the server must end the call itself
+                call = multicallable(timeout=10)
+                await call.write(garbage)
+                if server_streaming:
+                    while await call.read() is not grpc.aio.EOF:
+                        pass
+                await call
+            elif server_streaming:
+                _ = [r async for r in multicallable(garbage, timeout=10)]
+            else:
+                await multicallable(garbage, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()

@@ -17,9 +17,9 @@ from tests.fakes import FakeReward
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 
-@pytest.fixture
-def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
          "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
@@ -27,6 +27,11 @@ def certificate(tmp_path: Path) -> tuple[Path, Path]:
         capture_output=True,
     )  # fmt: skip
     return cert, key
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    return make_certificate(tmp_path)
 
 
 async def test_tls_server_accepts_verifying_clients_only(start_server, certificate) -> None:

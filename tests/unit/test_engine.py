@@ -3,6 +3,8 @@ reasons, aborts, capacity, request validation, and weight swaps in the middle of
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -10,7 +12,8 @@ from transformers import DynamicCache, PreTrainedModel
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import FinishReason, SamplingParams
-from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference import engine as engine_module
+from pipelinerl.inference.engine import EngineConfig, FailedUpdate, InferenceEngine
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
@@ -297,3 +300,58 @@ def test_stats_report_load_and_throughput(tiny: LoadedModel) -> None:
     stats = engine.stats()
     assert stats.generated_tokens == 3 * GREEDY.max_new_tokens
     assert stats.tokens_per_s > 0
+
+
+def test_temperatures_near_zero_decode_like_greedy_with_finite_logprobs(tiny: LoadedModel) -> None:
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
+    prompt = encode(tiny, PROMPTS[1])
+    for temperature in (1e-45, 1e-38, 1e-7):
+        engine.add_request(
+            request(f"t{temperature}", prompt, SamplingParams(temperature=temperature, max_new_tokens=12))
+        )
+    engine.add_request(request("hot", prompt, SamplingParams(temperature=100.0, max_new_tokens=12)))
+    finals = run(engine)
+    for request_id in ("t1e-45", "t1e-38", "t1e-07", "hot"):
+        assert finals[request_id].finish_reason == FinishReason.LENGTH
+        assert all(math.isfinite(lp) and lp <= 0 for lp in finals[request_id].tokens.logprobs)
+    assert finals["t1e-45"].tokens.token_ids == hf_greedy(tiny, prompt, 12)
+
+
+POISON_SEED = 666
+
+
+@pytest.mark.parametrize("fault", ["raises", "nan"])
+def test_a_request_that_breaks_a_batched_step_fails_alone(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """The poisoned request breaks sampling (raising, or NaN logits) from its third token on."""
+    real_sample = engine_module.sample
+    poisoned_calls = 0
+
+    def sample(logits, params, generators):  # type: ignore[no-untyped-def]
+        nonlocal poisoned_calls
+        poisoned = [i for i, p in enumerate(params) if p.seed == POISON_SEED]
+        poisoned_calls += bool(poisoned)
+        if poisoned and poisoned_calls >= 3:
+            if fault == "raises":
+                raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+            logits = logits.clone()
+            logits[poisoned] = float("nan")
+        return real_sample(logits, params, generators)
+
+    monkeypatch.setattr(engine_module, "sample", sample)
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
+    prompts = [encode(tiny, p) for p in PROMPTS[:3]]
+    engine.add_request(request("r0", prompts[0]))
+    engine.add_request(request("bad", encode(tiny, PROMPTS[3]), SamplingParams(seed=POISON_SEED)))
+    engine.add_request(request("r1", prompts[1]))
+    engine.step()
+    engine.add_request(request("r2", prompts[2]))  # prefilled alone, while the batch decodes
+    finals = run(engine)
+    assert isinstance(finals["bad"], FailedUpdate) and finals["bad"].finish_reason == FinishReason.ABORT
+    assert "nan" in finals["bad"].error.lower()
+    assert len(finals["bad"].tokens) == 2
+    for i, prompt in enumerate(prompts):
+        assert finals[f"r{i}"].tokens.token_ids == hf_greedy(tiny, prompt, GREEDY.max_new_tokens)
+    engine.add_request(request("later", prompts[0]))
+    assert run(engine)["later"].tokens.token_ids == finals["r0"].tokens.token_ids

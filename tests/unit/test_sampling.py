@@ -84,3 +84,35 @@ def test_rows_of_one_batch_use_their_own_params() -> None:
 def test_logprobs_are_float32_for_half_precision_logits() -> None:
     out = sample(LOGITS[None].bfloat16(), [SamplingParams()], [make_generator(0)])
     assert out.logprobs.dtype == torch.float32
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-30, 1e-6, 1.0, 100.0])
+@pytest.mark.parametrize(("top_p", "top_k"), [(1.0, 0), (1e-45, 0), (1e-50, 0), (0.9, 3), (1.0, 2**31 - 1)])
+def test_the_whole_documented_range_samples_with_finite_logprobs(
+    flush_denormal: bool, temperature: float, top_p: float, top_k: int
+) -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 1e3  # extreme logits
+    logits[0, :10] = logits[0].max()  # ties at the top
+    params = [SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)] * 4
+    torch.set_flush_denormal(flush_denormal)  # denormal temperatures may then read as 0
+    try:
+        out = sample(logits.bfloat16(), params, [make_generator(i) for i in range(4)])
+    finally:
+        torch.set_flush_denormal(False)  # torch's default
+    assert out.valid.all()
+    assert torch.isfinite(out.logprobs).all() and (out.logprobs <= 0).all()
+    if temperature <= 1e-6 or top_p < 1e-40:
+        assert out.token_ids[1:].tolist() == logits.bfloat16()[1:].argmax(dim=-1).tolist()
+
+
+def test_rows_without_a_finite_maximum_are_invalid_and_the_others_sampled() -> None:
+    bad = {0: float("nan"), 1: float("inf"), 2: float("-inf")}
+    logits = LOGITS.repeat(8, 1)
+    for row, value in bad.items():
+        logits[row, 1 if row < 2 else slice(None)] = value
+        logits[row + 4, 1 if row < 2 else slice(None)] = value
+    params = [SamplingParams(temperature=0)] * 4 + [SamplingParams()] * 4
+    out = sample(logits, params, [make_generator(i) for i in range(8)])
+    assert out.valid.tolist() == [False, False, False, True] * 2
+    assert out.token_ids[3].item() == 0 and torch.isfinite(out.logprobs[[3, 7]]).all()
