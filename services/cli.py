@@ -51,13 +51,18 @@ def health(
     auth_token: str | None = typer.Option(
         None, envvar="PIPELINERL_AUTH_TOKEN", help="Bearer token, if needed"
     ),
+    tls_ca_file: str | None = typer.Option(
+        None, help="PEM CA bundle to verify a server that speaks TLS with; unset, the check is plaintext"
+    ),
 ) -> None:
     """Ask a server's grpc.health.v1 service; exit 0 when SERVING, 1 otherwise (for scripts and probes)."""
     import asyncio
+    from pathlib import Path
 
     from pipelinerl.common.health import wait_until_serving
 
-    serving = asyncio.run(wait_until_serving(address, service, wait, auth_token))
+    ca = Path(tls_ca_file) if tls_ca_file else None
+    serving = asyncio.run(wait_until_serving(address, service, wait, auth_token, ca))
     typer.echo(f"{address} {service or '(server)'}: {'SERVING' if serving else 'NOT SERVING'}")
     raise typer.Exit(0 if serving else 1)
 

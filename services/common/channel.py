@@ -1,9 +1,6 @@
 """Client channels to PipelineRL services: deadlines, retries of UNAVAILABLE with backoff, bearer
 token and TLS, the same message-size limit as the servers.
 
-A process whose clients all verify servers with one CA (every service of a run behind TLS) may
-name it once in the environment, `PIPELINERL_TLS_CA_FILE`, instead of in each `ChannelConfig`.
-
 Retries use gRPC's own retry policy (service config), so they apply to every method, including the
 start of streams, and respect the call's deadline. Unary calls without an explicit `timeout=` get
 `default_timeout_s`; long-lived streams are left without a deadline and end by cancellation.
@@ -12,9 +9,8 @@ start of streams, and respect the call's deadline. Unary calls without an explic
 from __future__ import annotations
 
 import json
-import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -22,13 +18,6 @@ import grpc
 
 from pipelinerl.common.server import channel_options
 from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
-
-TLS_CA_FILE_ENV = "PIPELINERL_TLS_CA_FILE"
-
-
-def _tls_ca_file_from_env() -> Path | None:
-    value = os.environ.get(TLS_CA_FILE_ENV)
-    return Path(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -39,8 +28,8 @@ class ChannelConfig:
     """`host:port` of the service."""
     auth_token: str | None = None
     """Bearer token the server expects, if any."""
-    tls_ca_file: Path | None = field(default_factory=_tls_ca_file_from_env)
-    """PEM CA bundle to verify the server with; set to use TLS. Defaults to `$PIPELINERL_TLS_CA_FILE`."""
+    tls_ca_file: Path | None = None
+    """PEM CA bundle to verify the server with; set to use TLS."""
     tls_cert_file: Path | None = None
     """Client certificate for mutual TLS."""
     tls_key_file: Path | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,11 +13,17 @@ from pipelinerl.common.channel import ChannelConfig, open_channel
 
 
 async def wait_until_serving(
-    address: str, service: str = "", timeout_s: float = 0.0, auth_token: str | None = None
+    address: str,
+    service: str = "",
+    timeout_s: float = 0.0,
+    auth_token: str | None = None,
+    tls_ca_file: Path | None = None,
 ) -> bool:
-    """True once `service` on `address` is SERVING; False if it is not within `timeout_s`."""
+    """True once `service` on `address` is SERVING; False if it is not within `timeout_s`. A server
+    that speaks TLS is verified with `tls_ca_file` (PEM CA bundle; unset, the channel is plaintext)."""
     deadline = time.monotonic() + timeout_s
-    channel = open_channel(ChannelConfig(address, auth_token=auth_token, max_attempts=1))
+    config = ChannelConfig(address, auth_token=auth_token, tls_ca_file=tls_ca_file, max_attempts=1)
+    channel = open_channel(config)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:

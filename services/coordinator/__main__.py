@@ -21,7 +21,9 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     from pipelinerl.trainer.client import TrainerClient
 
     def channel(address: str) -> ChannelConfig:
-        return ChannelConfig(address, auth_token=settings.services_auth_token)
+        return ChannelConfig(
+            address, auth_token=settings.services_auth_token, tls_ca_file=settings.services_tls_ca_file
+        )
 
     journal = Journal(settings.journal_path)
     pool = InferencePool([channel(a) for a in settings.inference_addresses])

@@ -25,6 +25,8 @@ class CoordinatorSettings(ServiceSettings):
     """`host:port` of the trainer."""
     services_auth_token: str | None = None
     """Bearer token the other services expect, if they need one."""
+    services_tls_ca_file: Path | None = None
+    """PEM CA bundle to verify the other services with, if they speak TLS; unset, calls are plaintext."""
     journal_path: Path = Path("coordinator.sqlite")
     """SQLite journal of every attempt (WAL); a restarted coordinator resumes its runs from it."""
     tokenizer: str | None = None

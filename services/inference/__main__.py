@@ -39,7 +39,11 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     on_close = [runner.stop]
     if settings.trainer_address is not None:
         trainer = TrainerClient(
-            ChannelConfig(settings.trainer_address, auth_token=settings.trainer_auth_token)
+            ChannelConfig(
+                settings.trainer_address,
+                auth_token=settings.trainer_auth_token,
+                tls_ca_file=settings.trainer_tls_ca_file,
+            )
         )
         receiver = WeightReceiver(
             trainer, settings.receiver_id, runner.apply_weights, accepts_broadcast=settings.accepts_broadcast

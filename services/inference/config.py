@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -47,6 +48,8 @@ class InferenceSettings(ServiceSettings):
     """`host:port` of the trainer to follow for weight updates; unset serves the initial weights forever."""
     trainer_auth_token: str | None = None
     """Bearer token of the trainer, if it needs one."""
+    trainer_tls_ca_file: Path | None = None
+    """PEM CA bundle to verify the trainer with, if it speaks TLS; unset, calls are plaintext."""
     receiver_id: str = Field(default_factory=socket.gethostname)
     """This server's name in broadcast groups; must be unique among the trainer's receivers."""
     accepts_broadcast: bool = True

@@ -4,21 +4,18 @@ pinned to cores where that helps, awaited until healthy, stopped by their own ha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pipelinerl.common.channel import TLS_CA_FILE_ENV, ChannelConfig, free_port, open_channel
+from pipelinerl.common.channel import free_port
+from pipelinerl.common.health import wait_until_serving
 from pipelinerl.common.log import get_logger
 
 log = get_logger(__name__)
@@ -30,17 +27,14 @@ class ServiceProcess:
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
-    tls_ca_file: Path | None = None
-    """CA to verify the service with, when it speaks TLS."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def wait_healthy(self, timeout_s: float) -> None:
-        if not await _wait_until_serving(
-            ChannelConfig(self.address, tls_ca_file=self.tls_ca_file, max_attempts=1), timeout_s
-        ):
+    async def wait_healthy(self, timeout_s: float, tls_ca_file: Path | None = None) -> None:
+        """Until the service is SERVING, verified with `tls_ca_file` when it speaks TLS."""
+        if not await wait_until_serving(self.address, timeout_s=timeout_s, tls_ca_file=tls_ca_file):
             tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
             raise RuntimeError(
                 f"{self.name} did not become healthy within {timeout_s}s; its log ends:\n{tail}"
@@ -75,12 +69,10 @@ def start_service(
     cores: set[int] | None = None,
     python: str = sys.executable,
     ranks: int = 1,
-    tls_ca_file: Path | None = None,
 ) -> ServiceProcess:
     """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`; with
     `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
-    The CPU seconds of torchrun's ranks count once they have exited. `tls_ca_file`: the service
-    speaks TLS, and so do its clients of the other services, verifying them with this CA."""
+    The CPU seconds of torchrun's ranks count once they have exited."""
     port = int(settings.get("port") or free_port())
     config_path = run_dir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({**settings, "port": port, "host": "127.0.0.1"}, sort_keys=False))
@@ -89,8 +81,6 @@ def start_service(
     threads = settings.get("threads")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    if tls_ca_file is not None:
-        env[TLS_CA_FILE_ENV] = str(tls_ca_file)
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
             [*_launcher(python, ranks), "-m", module, "--config", str(config_path)],
@@ -100,7 +90,7 @@ def start_service(
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
     log.info("started", service=name, pid=process.pid, port=port, cores=sorted(cores) if cores else "any")
-    return ServiceProcess(name, port, process, log_path, tls_ca_file)
+    return ServiceProcess(name, port, process, log_path)
 
 
 async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
@@ -111,24 +101,6 @@ async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
         code = await asyncio.to_thread(service.stop)
         log.info("stopped", service=service.name, exit_code=code)
     return cpu
-
-
-async def _wait_until_serving(config: ChannelConfig, timeout_s: float) -> bool:
-    """True once the service reports SERVING within `timeout_s`. (`common.health.wait_until_serving`
-    takes no CA, so it cannot check a service that speaks TLS.)"""
-    deadline = time.monotonic() + timeout_s
-    channel = open_channel(config)
-    try:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            await asyncio.sleep(0.2)
-        return False
-    finally:
-        await channel.close()
 
 
 def _launcher(python: str, ranks: int) -> list[str]:

@@ -101,6 +101,9 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
     if settings.auth_token is not None:  # each service calls the others with the same token
         inference["trainer_auth_token"] = settings.auth_token
         coordinator["services_auth_token"] = settings.auth_token
+    if settings.client_ca_file is not None:  # each verifies the others' TLS with the run's CA
+        inference["trainer_tls_ca_file"] = str(settings.client_ca_file)
+        coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
     return {
         "reward": merge({"workers": 1, **security}, settings.reward),
         "trainer": merge({**trainer, **security}, settings.trainer),
@@ -137,7 +140,7 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
     ca = settings.client_ca_file
-    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir, tls_ca_file=ca))
+    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
     trainer = start_service(
         "trainer",
         "pipelinerl.trainer",
@@ -145,10 +148,9 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
         run_dir,
         trainer_cores,
         ranks=settings.trainer_ranks,
-        tls_ca_file=ca,
     )
     processes.append(trainer)
-    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in processes))
+    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in processes))
     inference = [
         start_service(
             f"inference-{i}",
@@ -160,26 +162,21 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
             run_dir,
             cores,
             python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
-            tls_ca_file=ca,
         )
         for i, cores in enumerate(inference_cores)
     ]
     processes += inference
-    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S) for p in inference))
+    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     addresses = {
         "inference_addresses": [p.address for p in inference],
         "reward_address": processes[0].address,
         "trainer_address": trainer.address,
     }
     coordinator = start_service(
-        "coordinator",
-        "pipelinerl.coordinator",
-        merge(configs["coordinator"], addresses),
-        run_dir,
-        tls_ca_file=ca,
+        "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
     )
     processes.append(coordinator)
-    await coordinator.wait_healthy(HEALTH_TIMEOUT_S)
+    await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
     return coordinator
 
 

@@ -37,7 +37,8 @@ async def test_a_run_over_tls_trains_its_budget(tmp_path: Path) -> None:
     cert, key = make_certificate(tmp_path)
     result = await launch(small_run(tmp_path / "run", tls_cert_file=cert, tls_key_file=key))
     assert result.state == "completed" and result.trained == BUDGET
-    for service in SERVICES:
-        assert yaml.safe_load((tmp_path / "run" / f"{service}.yaml").read_text())["tls_cert_file"] == str(
-            cert
-        )
+    configs = {s: yaml.safe_load((tmp_path / "run" / f"{s}.yaml").read_text()) for s in SERVICES}
+    assert all(config["tls_cert_file"] == str(cert) for config in configs.values())
+    # The clients verify the others with the CA from their own settings, not the environment.
+    assert configs["coordinator"]["services_tls_ca_file"] == str(cert)
+    assert configs["inference-0"]["trainer_tls_ca_file"] == str(cert)

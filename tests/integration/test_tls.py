@@ -10,6 +10,7 @@ import pytest
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.health import wait_until_serving
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.client import RewardClient
 from tests.fakes import FakeReward
@@ -45,3 +46,12 @@ async def test_tls_server_accepts_verifying_clients_only(start_server, certifica
         with pytest.raises(PipelineError) as exc:
             await plaintext.list_verifiers(timeout_s=3)
         assert exc.value.code == "UNAVAILABLE"
+
+
+async def test_health_check_of_a_tls_server_verifies_it_with_the_ca(start_server, certificate) -> None:
+    cert, key = certificate
+    address = await start_server(
+        reward_server.registration(FakeReward()), tls_cert_file=cert, tls_key_file=key
+    )
+    assert await wait_until_serving(address, timeout_s=5, tls_ca_file=cert)
+    assert not await wait_until_serving(address, timeout_s=0.5)
