@@ -8,8 +8,11 @@ every watcher, broadcast the buckets to the current membership, and serve them t
     FetchWeights(v) ◄── the last `keep_versions` packed versions, in 4 MiB checksummed chunks
 
 Versions published while a broadcast is running are coalesced: receivers only need the newest.
-A broadcast that fails or times out drops its group (the next version forms a new one); receivers
-that missed it fetch instead, so a failure costs time, never correctness.
+A broadcast that fails or times out drops its group; receivers that missed it fetch instead, so a
+failure costs time, never correctness. The version after a failure goes out fetch-only, and the
+one after that forms a new group: a member that died is usually what failed it, and its watch
+stream may close a moment later than its socket, so a group formed at once would wait for it
+until the timeout while every live receiver stays on old weights.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class WeightPublisher:
         self._group: BroadcastGroup | None = None
         self._membership: tuple[str, ...] = ()
         self._epoch = 0
+        self._fetch_only_next = False
         self._registrations = 0
         self._token = uuid.uuid4().hex[:8]
         self._loop_task: asyncio.Task[None] | None = None
@@ -201,7 +205,8 @@ class WeightPublisher:
         members = sorted(
             f"{w.receiver_id}#{w.serial}" for w in self._watchers.values() if w.accepts_broadcast
         )
-        if self._store is None or not members:
+        if self._store is None or not members or self._fetch_only_next:
+            self._fetch_only_next = False
             for watcher in list(self._watchers.values()):
                 watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout))
             return
@@ -217,7 +222,7 @@ class WeightPublisher:
             await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
             self.stats.failed_broadcasts += 1
-            self._group = None
+            self._group, self._fetch_only_next = None, True
             log.warning(
                 "broadcast failed; receivers will fetch", version=packed.version.version, error=str(exc)
             )

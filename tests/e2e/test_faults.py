@@ -41,11 +41,13 @@ def fake_crash_mid_checkpoint(checkpoints: Path) -> None:
     (checkpoints / "latest.link").symlink_to("v99999999.partial")
 
 
-async def run_with_a_kill(tmp_path: Path, name: str, when: str) -> tuple[Path, int, TrainerStatus | None]:
+async def run_with_a_kill(
+    tmp_path: Path, name: str, when: str, budget: int = BUDGET
+) -> tuple[Path, int, TrainerStatus | None]:
     """Run to the budget, SIGKILLing `name` once `when` holds and starting it again. Returns the
     run folder, the trainer version at the kill and, for the trainer, its status after restart."""
     settings = RunSettings(
-        run_dir=tmp_path / "run", max_samples=BUDGET, inference_servers=2, duration_s=300,
+        run_dir=tmp_path / "run", max_samples=budget, inference_servers=2, duration_s=300,
         trainer={"checkpoint_every": CHECKPOINT_EVERY},
     )  # fmt: skip
     processes: list[ServiceProcess] = []
@@ -65,7 +67,7 @@ async def run_with_a_kill(tmp_path: Path, name: str, when: str) -> tuple[Path, i
         version = run.progress.trainer_version
         due = {
             "lost steps": version >= CHECKPOINT_EVERY + 2 and version % CHECKPOINT_EVERY >= 2,
-            "midway": run.progress.trained >= BUDGET // 3,
+            "midway": run.progress.trained >= budget // 8,
         }[when]
         if not killed and due:
             victim = next(p for p in processes if p.name == name)
@@ -75,8 +77,9 @@ async def run_with_a_kill(tmp_path: Path, name: str, when: str) -> tuple[Path, i
             restarted.append(asyncio.create_task(restart_victim(victim)))
 
     result = await launch(settings, kill_once, processes)
-    await asyncio.gather(*restarted)
     assert killed, "the run ended before the kill"
+    assert all(task.done() for task in restarted), "the run ended before the restart was serving"
+    await asyncio.gather(*restarted)
     assert result.state == "completed", result
     return settings.run_dir, killed[0], resumed[0] if resumed else None
 
@@ -93,12 +96,14 @@ async def test_a_trainer_killed_steps_after_its_checkpoint_trains_everything_onc
     assert dispositions["trained"] >= BUDGET * 0.9, dispositions
 
 
-@pytest.mark.parametrize("name", ["reward", "inference-1"])
-async def test_a_service_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path, name: str) -> None:
-    run_dir, _, _ = await run_with_a_kill(tmp_path, name, "midway")
-    dispositions = assert_trained_exactly_once(run_dir, BUDGET)
+# An inference server takes longer to start than the others; a bigger budget outlasts its restart.
+@pytest.mark.parametrize(("name", "budget"), [("reward", BUDGET), ("inference-1", 3 * BUDGET)])
+async def test_a_service_killed_and_restarted_mid_run_loses_nothing(
+    tmp_path: Path, name: str, budget: int
+) -> None:
+    run_dir, _, _ = await run_with_a_kill(tmp_path, name, "midway", budget)
+    dispositions = assert_trained_exactly_once(run_dir, budget)
     # Groups that waited out the restart may come back too stale for the lag policy: dropped, a
     # recorded reason. Nothing fails.
-    assert set(dispositions) <= {"trained", "dropped"} and dispositions["trained"] >= BUDGET * 0.8, (
-        dispositions
-    )
+    assert set(dispositions) <= {"trained", "dropped"}, dispositions
+    assert dispositions["trained"] >= budget * 0.8, dispositions
