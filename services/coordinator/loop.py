@@ -1,7 +1,7 @@
 """One RL run: prompts become groups of attempts that flow through inference, reward and trainer.
 
     problems ──► group of G attempts (journal: created) ──► InferencePool.generate ×G (dispatched,
-    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.submit ──► trained ──► acked
+    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.send ──► trained ──► acked
     once the trainer's checkpoint holds it (see submitter.py)
 
 When every group in flight waits on the trainer and no more can start (the budget is spent, the
@@ -302,10 +302,11 @@ class RunLoop:
         if not attempts:
             return
         samples = [_sample(group, a, len(attempts)) for a in attempts]
+        futures = self._submitter.send(samples)
         self._groups_at_trainer += 1
-        self._maybe_flush()
+        self._maybe_flush()  # after the samples: the trainer reads its stream in order
         try:
-            acks = await self._submitter.submit(samples)
+            acks = {sample_id: await future for sample_id, future in futures.items()}
         finally:
             self._groups_at_trainer -= 1
         for sample in samples:

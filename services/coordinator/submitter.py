@@ -1,11 +1,11 @@
 """One long-lived SubmitSamples stream to the trainer, shared by every group of a run, and the
 journal's record of what the trainer did with each sample.
 
-    submit(samples) ──► stream ──► acks: TRAINED/DUPLICATE ──► journal `trained` (kept, resendable)
+    send(samples) ──► stream ──► acks: TRAINED/DUPLICATE ──► journal `trained` (kept, resendable)
                                          other final      ──► journal `acked`
                         durable_version ≥ a kept sample's version ──► journal `acked` (final)
 
-`submit(samples)` returns once every sample has its first final ack. A trained sample stays kept
+`send(samples)` gives a future per sample, done on its first final ack. A trained sample stays kept
 until the trainer's `durable_version` covers its step. If the stream breaks (the trainer
 restarts), it is reopened and every sample not final, or trained but not durable, is sent again:
 a trainer that still has it acks DUPLICATE, one restarted from an older checkpoint trains it
@@ -53,7 +53,8 @@ class TrainerSubmitter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def submit(self, samples: Sequence[Sample]) -> dict[str, SampleAck]:
+    def send(self, samples: Sequence[Sample]) -> dict[str, asyncio.Future[SampleAck]]:
+        """Queue samples for the trainer; each future is done on the sample's first final ack."""
         loop = asyncio.get_running_loop()
         futures = {}
         for sample in samples:
@@ -61,7 +62,7 @@ class TrainerSubmitter:
             self._waiting[sample.sample_id] = (sample, future)
             futures[sample.sample_id] = future
         self._queue.put_nowait(list(samples))
-        return {sample_id: await future for sample_id, future in futures.items()}
+        return futures
 
     def keep(self, trained: Sequence[tuple[Sample, int]]) -> None:
         """Samples the journal holds as trained but not durable (a resumed run): resend them."""
