@@ -87,15 +87,17 @@ async def build(settings: TrainerSettings) -> GrpcServer:
         checkpoint_every=settings.checkpoint_every,
         metrics_file=settings.metrics_file,
     )
-    trainer = Trainer(learner, publisher, loop_config)
-    await trainer.start()
+    # Should training stop for good, health says so, so that probes restart the trainer.
+    trainer = Trainer(learner, publisher, loop_config, on_halt=lambda reason: server.set_not_serving(reason))
 
     async def close_learner() -> None:
         learner.close()
 
-    return GrpcServer(
+    server = GrpcServer(
         settings, [registration(trainer)], on_close=[trainer.close, publisher.close, close_learner]
     )
+    await trainer.start()
+    return server
 
 
 def follow(argv: list[str]) -> None:

@@ -92,7 +92,13 @@ class DeepSpeedLearner(TorchLearner):
             name, args = box[0]
             if name == "close":
                 return
-            result = getattr(self, name)(*args)
+            try:
+                result = getattr(self, name)(*args)
+            except Exception:
+                # Rank 0 met the same error: the checks that raise run before any collective and
+                # are the same on every rank. Keep following, as rank 0 keeps serving.
+                log.exception("call failed", call=name)
+                continue
             if isinstance(result, Iterator):  # a parameter gather: take part, keep nothing
                 for _ in result:
                     pass
@@ -155,7 +161,8 @@ class DeepSpeedLearner(TorchLearner):
                 },
             },
             "gradient_clipping": self.config.grad_clip or 0.0,
-            "bf16": {"enabled": dtype == torch.bfloat16},
+            # A non-finite gradient skips the step (fp32 always does, see _optimizer_step).
+            "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": True},
             "steps_per_print": 2**31 - 1,
             **self.zero.overrides,
         }
@@ -165,8 +172,10 @@ class DeepSpeedLearner(TorchLearner):
         enough samples), so that the ranks share the work."""
         budget = self.config.micro_batch_tokens
         plan = plan_step(trained, advantages, budget, self._pad_token_id)
-        while len(plan.micro_batches) < min(self.world_size, len(trained)) and budget > 1:
-            budget //= 2
+        # Never below the longest sample, which would no longer fit a micro-batch.
+        longest = max((len(s.prompt_token_ids) + len(s.completion) for s in trained), default=budget)
+        while len(plan.micro_batches) < min(self.world_size, len(trained)) and budget > longest:
+            budget = max(budget // 2, longest)
             plan = plan_step(trained, advantages, budget, self._pad_token_id)
         return plan
 
@@ -188,7 +197,9 @@ class DeepSpeedLearner(TorchLearner):
                 batch = mine[index] if real else plan.micro_batches[0]
                 output = policy_loss(self._loss_inputs(batch.to(self.device)), self.config.loss, plan.totals)
                 self.engine.set_gradient_accumulation_boundary(index == passes - 1)
-                self.engine.backward(output.loss * (self.world_size if real else 0.0))
+                # A non-finite loss poisons the gradient, so that DeepSpeed skips the step on every rank.
+                scale = (self.world_size if real else 0.0) if torch.isfinite(output.loss) else math.nan
+                self.engine.backward(output.loss * scale)
                 if real:
                     stats += output.stats
         finally:
@@ -197,15 +208,21 @@ class DeepSpeedLearner(TorchLearner):
         dist.all_gather_object(gathered, stats, group=self._calls)
         return sum((s for s in gathered if s is not None), LossStats())
 
-    def _optimizer_step(self) -> tuple[float, bool]:
-        """DeepSpeed clips and steps; in fp32/bf16 it cannot skip a step, so a non-finite gradient is
-        reported, not avoided (the torch backend skips it)."""
+    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
+        """DeepSpeed clips and steps. Its ZeRO optimizers skip a step whose global gradient norm is
+        not finite (fp32 always, bf16 with check_grad_overflow) and zero the gradients on every rank;
+        a non-finite loss reaches that check through its poisoned gradient."""
         self.engine.step()
+        stepped = self.engine.was_step_applied()
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else math.nan
-        if not math.isfinite(grad_norm):
-            log.warning("non-finite gradient norm under DeepSpeed; the step was taken", grad_norm=grad_norm)
-        return grad_norm, True
+        if not stepped:
+            log.warning(
+                "non-finite loss or gradient norm; DeepSpeed skipped the step", loss=loss, grad_norm=grad_norm
+            )
+        elif not math.isfinite(grad_norm):
+            log.error("non-finite gradient norm, yet DeepSpeed took the step", grad_norm=grad_norm)
+        return grad_norm, stepped
 
     def _gather_each(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter in full, one at a time (a collective under ZeRO-3: all ranks iterate)."""

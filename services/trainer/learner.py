@@ -1,14 +1,15 @@
 """The learner: one optimizer step per batch of scored samples, on a plain torch model.
 
     step(samples, current_version)
-      │  validate_samples
+      │  check_samples: ids in the vocabulary, lengths within the context (see validation.py)
       ├─► compute_advantages ─► zero-variance groups left out
       ├─► plan_step ─► micro-batches within the token budget, StepTotals of the whole step
       │     for each micro-batch:
       │       forward ─► logits[t - 1] / temperature ─► float32 logprob of token t, entropy
       │       (reference model, no grad) ─► reference logprobs, when KL is on
       │       policy_loss(normalised by StepTotals) ─► backward: gradients accumulate
-      ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1)
+      ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1;
+      │                                             skipped when the loss or the norm is not finite)
       └─► StepMetrics: reward, advantage, loss, grad norm, clip fraction, ESS, KL, entropy, lag, timing
 
     weights_for_publish() ─► name -> tensor, the names of model.named_parameters()
@@ -39,8 +40,9 @@ from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.advantages import AdvantageConfig, GroupAdvantages, compute_advantages
-from pipelinerl.trainer.batching import MicroBatch, StepPlan, plan_step, validate_samples
+from pipelinerl.trainer.batching import MicroBatch, StepPlan, plan_step
 from pipelinerl.trainer.losses import LossConfig, LossInputs, LossStats, entropy_from_logits, policy_loss
+from pipelinerl.trainer.validation import SampleLimits, check_samples
 
 if TYPE_CHECKING:
     # Only annotations need transformers, so importing LearnerConfig (service settings) stays light.
@@ -132,6 +134,9 @@ class TrainerState:
 class Learner(Protocol):
     """What the trainer service needs from a training backend."""
 
+    limits: SampleLimits
+    """What a sample may hold for `step` to take it; the trainer checks samples against it on arrival."""
+
     def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
         """One optimizer step on `samples` (whole groups), trained while the weights are at
         `current_version`."""
@@ -181,12 +186,17 @@ class TorchLearner:
             _enable_activation_checkpointing(model)
         self.optimizer = self._build_optimizer()
         self._pad_token_id = _pad_token_id(model)
+        context = getattr(model.config, "max_position_embeddings", None) or math.inf
+        self.limits = SampleLimits(
+            vocab_size=min(model.config.vocab_size, model.get_input_embeddings().num_embeddings),
+            max_tokens=int(min(context, self.config.micro_batch_tokens)),
+        )
 
     # ---- training ----------------------------------------------------------------------------
 
     def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
         started = time.perf_counter()
-        validate_samples(samples)
+        check_samples(samples, self.limits)
         groups = compute_advantages(samples, self.config.advantages)
         trained = groups.trained(samples)
         plan = self._plan(trained, groups.advantages)
@@ -196,7 +206,7 @@ class TorchLearner:
         stats = self.accumulate_gradients(plan) if trained else LossStats()
         backward_done = time.perf_counter()
 
-        grad_norm, stepped = self._optimizer_step() if trained else (0.0, False)
+        grad_norm, stepped = self._optimizer_step(stats.loss) if trained else (0.0, False)
         finished = time.perf_counter()
 
         tokens = sum(batch.tokens for batch in plan.micro_batches)
@@ -296,12 +306,15 @@ class TorchLearner:
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _optimizer_step(self) -> tuple[float, bool]:
-        """Clip and step; a non-finite gradient skips the step so one bad batch cannot ruin the weights."""
+    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
+        """Clip and step; a non-finite loss or gradient skips the step so one bad batch cannot ruin
+        the weights."""
         max_norm = self.config.grad_clip or math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not math.isfinite(grad_norm):
-            log.warning("non-finite gradient norm; optimizer step skipped", grad_norm=grad_norm)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            log.warning(
+                "non-finite loss or gradient norm; optimizer step skipped", loss=loss, grad_norm=grad_norm
+            )
             self.optimizer.zero_grad(set_to_none=True)
             return grad_norm, False
         self.optimizer.step()

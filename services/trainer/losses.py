@@ -5,9 +5,9 @@ and behaviour logprob of the same token, its advantage, and `mask[t]` says wheth
 token (prompt and padding positions are False and contribute nothing).
 
     current logprobs ─┐
-    behaviour logprobs┼─► ratio = exp(cur - behaviour) ─► objective per kind ─┐
-    advantages ───────┘                                                       ├─► × token weight ─► Σ = loss
-    reference logprobs ──► k3 KL ─────────────────────────────────────────────┤
+    behaviour logprobs┼─► ratio = exp(clamp(cur - behaviour)) ─► objective per kind ─┐
+    advantages ───────┘                                                              ├─► × token weight ─► Σ
+    reference logprobs ──► k3 KL of clamp(ref - cur) ────────────────────────────────┤
     entropy of current logits ────────────────────────────────────────────────┘
 
 The token weights already divide by the *optimizer step's* totals (`StepTotals`), so a micro-batch's
@@ -64,6 +64,10 @@ class LossConfig(BaseModel):
     """Weight of the entropy bonus (subtracted from the loss); 0 still reports entropy."""
     weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
     """How per-token terms are averaged over the optimizer step."""
+    max_log_ratio: float = Field(default=10.0, gt=0)
+    """Every log-ratio (current vs behaviour, reference vs current) is clamped to ±this before exp,
+    so a token the two models disagree on wildly cannot overflow float32 into inf/NaN (PipelineRL
+    clamps its reference log-ratio at 10). Beyond the clamp a token's term has no gradient."""
 
     @property
     def needs_reference(self) -> bool:
@@ -154,13 +158,12 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
     mask = inputs.mask
     if config.needs_reference and inputs.reference_logprobs is None:
         raise ValueError("kl_coef > 0 needs reference logprobs")
-    # Padding positions can hold any logprob; zeroing their log-ratio keeps exp() finite there.
-    log_ratio = torch.where(mask, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
+    log_ratio = masked_log_ratio(inputs.logprobs, inputs.behaviour_logprobs, mask, config.max_log_ratio)
     objective, clipped = _objective(config, inputs.logprobs, log_ratio, inputs.advantages, mask)
     per_token = -objective
     kl = None
     if inputs.reference_logprobs is not None:
-        kl = k3_kl(inputs.logprobs, inputs.reference_logprobs)
+        kl = k3_kl(inputs.logprobs, inputs.reference_logprobs, mask, config.max_log_ratio)
         per_token = per_token + config.kl_coef * kl
     if config.entropy_coef > 0:
         if inputs.entropy is None:
@@ -219,11 +222,23 @@ def masked_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return total / mask.sum(dim=1).clamp(min=1)
 
 
-def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(current || reference) per token: exp(d) - d - 1 with
-    d = ref - cur. Non-negative, zero where the two agree, unbiased on tokens sampled from current."""
-    delta = reference_logprobs - logprobs
-    return delta.exp() - delta - 1
+def masked_log_ratio(
+    numerator: torch.Tensor, denominator: torch.Tensor, mask: torch.Tensor, limit: float
+) -> torch.Tensor:
+    """`numerator - denominator` clamped to ±`limit`, 0 outside `mask`. Masking before exp matters:
+    a prompt or padding position can hold any logprob, and an inf there would still turn the
+    gradient into NaN through torch.where (0 × inf)."""
+    return torch.where(mask, numerator - denominator, 0.0).clamp(-limit, limit)
+
+
+def k3_kl(
+    logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor, max_log_ratio: float
+) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(current || reference) per token: exp(d) - 1 - d with
+    d = ref - cur (clamped, 0 outside `mask`). Non-negative, zero where the two agree, unbiased on
+    tokens sampled from current. expm1 keeps it accurate for small d, where exp(d) - 1 rounds to 0."""
+    delta = masked_log_ratio(reference_logprobs, logprobs, mask, max_log_ratio)
+    return torch.expm1(delta) - delta
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

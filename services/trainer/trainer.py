@@ -1,16 +1,19 @@
 """The trainer core: admission, the training loop and weight publishing, behind `TrainerCore`.
 
     SubmitSamples ──admit──► duplicate? ──► DUPLICATE
-                              future version? ──► REJECTED (INVALID_ARGUMENT naming the field)
+                              beyond the learner's limits (validation.py), or a future version?
+                                  ──► REJECTED (INVALID_ARGUMENT naming the field)
                               lag > max_lag? ──► DROPPED (policy drop) / kept (reweight, wait)
                               └─► ACCEPTED ──► group buffer ── group complete ──► ready groups
     training loop: ready ≥ samples_per_step (policy wait: and fresh data seen, see LagPolicy.WAIT)
                    ──► learner.step (thread) ──► version + 1
+                         raised? ──► each half of the groups as a step of its own: a group that fails
+                                     alone is REJECTED; MAX_FAILED_GROUPS in a row ──► NOT_SERVING
                    ──► publisher.publish ──► TRAINED acks ──► metrics line ──► checkpoint every N
 
 Samples arrive by group and are trained by whole groups, since advantages are relative to the
-group. A sample dropped for lag still counts toward its group being complete, so a group is never
-held back forever by one stale member. Ids already trained on are remembered (and checkpointed),
+group. A sample dropped for lag or rejected still counts toward its group being complete, so a
+group is never held back forever by one bad member. Ids already trained on are remembered (and checkpointed),
 so a coordinator may resend after a crash without anything being trained twice.
 """
 

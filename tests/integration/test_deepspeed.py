@@ -4,6 +4,7 @@ learner, publish and checkpoint full weights, resume exactly, and run the traine
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -132,3 +133,21 @@ async def test_trainer_service_on_two_zero3_ranks_checkpoints_at_stop_and_resume
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_ranks_refuse_a_bad_sample_skip_a_non_finite_step_and_train_on(
+    stage: int, tmp_path: Path
+) -> None:
+    """A sample outside the vocabulary is refused on every rank (the followers keep following); a
+    step whose gradient overflows changes nothing and reports so; the next step trains."""
+    script = str(ROOT / "tests" / "integration" / "zero_faults.py")
+    done = subprocess.run(
+        torchrun(script, str(stage), str(tmp_path / "report.json")), env=ENV, capture_output=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    assert json.loads((tmp_path / "report.json").read_text()) == {
+        "refused": "samples[1].completion.token_ids[0]",
+        "huge": {"stepped": False, "unchanged": True},
+        "good": {"stepped": True, "changed": True},
+    }

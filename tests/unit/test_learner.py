@@ -3,16 +3,21 @@ inference model's parameter names, and resumes exactly from a checkpoint."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import PreTrainedModel
 
+from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.model import build_preset, load_model
 from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
 from pipelinerl.trainer.learner import LearnerConfig, TorchLearner, read_trainer_state
 from pipelinerl.trainer.losses import LossConfig
+from pipelinerl.trainer.validation import SampleLimits
 
 PROMPT = [1, 14, 15]  # <bos> "ab"
 TARGET = 11  # "7": about 2% likely after PROMPT under the seed-0 tiny model
@@ -127,6 +132,49 @@ def test_kl_to_the_reference_starts_at_zero_and_grows_as_the_policy_moves() -> N
 
     assert first.kl == pytest.approx(0.0, abs=1e-6)
     assert second.kl is not None and second.kl > 1e-4
+
+
+def test_kl_to_a_reference_hundreds_of_nats_away_still_takes_a_finite_step() -> None:
+    """exp(ref - cur) overflows float32 past ~88 nats: the step must neither turn NaN nor be lost."""
+    reference = build_preset("tiny", seed=0).model
+    model = build_preset("tiny", seed=0).model
+    with torch.no_grad():
+        model.model.norm.weight.mul_(100)  # sharp logits: unlikely tokens drop to hundreds of nats below
+    learner = TorchLearner(model, LearnerConfig(lr=1e-3, loss=LossConfig(kl_coef=0.1)), reference=reference)
+    samples = _alternate_rewards(ToySampler(reference, seed=2).groups(0, groups=2))
+
+    metrics = learner.step(samples, current_version=0)
+
+    assert metrics.stepped
+    assert math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm)
+    assert metrics.kl is not None and math.isfinite(metrics.kl) and metrics.kl > 1.0
+
+
+def test_a_sample_outside_the_models_limits_is_refused_before_the_forward_pass() -> None:
+    model = build_preset("tiny", seed=0).model
+    learner = TorchLearner(model, LearnerConfig(micro_batch_tokens=512))
+    assert learner.limits == SampleLimits(vocab_size=100, max_tokens=512)  # the context is 1024
+    good = _alternate_rewards(ToySampler(model).groups(0, groups=1, size=2))
+    bad = Sample("bad", good[0].group_id, [1, 100], TokenSequence([5], [-1.0], [0]), 0.0)
+
+    with pytest.raises(InvalidArgument) as exc:
+        learner.step([*good, bad], current_version=0)
+    assert exc.value.violations[0].field == "samples[2].prompt_token_ids[1]"
+
+
+def test_deepspeed_micro_batches_never_get_a_budget_below_the_longest_sample() -> None:
+    """Halving the budget to give every rank a micro-batch stops at the longest sample, which must
+    still fit one."""
+    lengths = [10, 3, 3, 3]
+    samples = [
+        Sample(f"s{i}", "g", [1] * (n - 1), TokenSequence([5], [-1.0], [0]), float(i))
+        for i, n in enumerate(lengths)
+    ]
+    ranks = SimpleNamespace(world_size=4, config=LearnerConfig(micro_batch_tokens=64), _pad_token_id=0)
+
+    plan = DeepSpeedLearner._plan(ranks, samples, {s.sample_id: 1.0 for s in samples})  # type: ignore[arg-type]
+
+    assert sorted(len(batch.sample_ids) for batch in plan.micro_batches) == [1, 3]  # the 10 alone
 
 
 def test_gradient_checkpointing_does_not_change_the_step() -> None:

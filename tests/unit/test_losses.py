@@ -154,8 +154,35 @@ def test_token_weightings_balance_tokens_or_sequences() -> None:
 def test_k3_kl_is_non_negative_and_zero_when_the_models_agree() -> None:
     current = torch.randn(1000)
     reference = torch.randn(1000)
-    assert (k3_kl(current, reference) >= 0).all()
-    assert torch.equal(k3_kl(current, current), torch.zeros(1000))
+    everywhere = torch.ones(1000, dtype=torch.bool)
+    assert (k3_kl(current, reference, everywhere, 10.0) >= 0).all()
+    assert torch.equal(k3_kl(current, current, everywhere, 10.0), torch.zeros(1000))
+
+
+def test_k3_kl_of_a_small_difference_is_its_square_over_two_not_zero() -> None:
+    current = torch.full((4,), -1.0)
+    reference = current + torch.tensor([1e-4, -1e-4, 1e-3, 3e-5])
+    kl = k3_kl(current, reference, torch.ones(4, dtype=torch.bool), 10.0)
+    torch.testing.assert_close(kl, (reference - current) ** 2 / 2, rtol=2e-2, atol=0)
+
+
+@pytest.mark.parametrize("kind", list(PolicyLossKind))
+def test_log_ratios_of_hundreds_of_nats_leave_loss_and_gradient_finite(kind: PolicyLossKind) -> None:
+    """float32 exp overflows past ~88: a token the policy, the behaviour and the reference models
+    disagree on wildly, in the completion or at a prompt/padding position, must not turn the step NaN."""
+    logprobs, mask, advantages = _batch()
+    far = torch.zeros_like(logprobs)
+    far[0, 0], far[0, 1], far[1, 4] = 200.0, -200.0, 300.0  # [1, 4] is padding
+    inputs = LossInputs(logprobs, logprobs.detach() - far, advantages, mask, logprobs.detach() + far)
+    config = LossConfig(kind=kind, kl_coef=0.1)
+
+    output = policy_loss(inputs, config, _totals(mask))
+    (grad,) = torch.autograd.grad(output.loss, logprobs)
+
+    assert math.isfinite(output.stats.loss) and bool(torch.isfinite(grad).all())
+    stats = output.stats
+    assert all(math.isfinite(x) for x in (stats.kl or 0.0, stats.ess, stats.mean_ratio))
+    assert stats.kl is not None and stats.kl > 1.0  # clamped, not ignored
 
 
 def test_kl_penalty_reports_zero_and_changes_nothing_while_on_the_reference() -> None:
