@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
-from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from pipelinerl.common.errors import ErrorInfo, FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence, WeightVersion
 from pipelinerl.common.weights import (
     BucketSpec,
@@ -29,7 +29,7 @@ from pipelinerl.reward.types import (
     VerifierInfo,
     check_batch,
 )
-from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 
 
 class FakeReward:
@@ -106,7 +106,15 @@ class FakeTrainer:
         self.data = bytes(range(256)) * 64
         self._stepped = asyncio.Event()
 
-    async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
+    async def admit(self, entries: Sequence[Sample | Malformed], on_ack: Callable[[SampleAck], None]) -> None:
+        for m in entries:
+            if isinstance(m, Malformed):
+                on_ack(
+                    SampleAck(
+                        m.sample_id, Disposition.REJECTED, self.version, ErrorInfo.from_exception(m.error)
+                    )
+                )
+        samples = [s for s in entries if isinstance(s, Sample)]
         fresh = [s for s in samples if s.sample_id not in self.trained]
         for s in samples:
             if s.sample_id in self.trained:

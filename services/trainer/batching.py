@@ -69,23 +69,6 @@ class StepPlan:
     totals: StepTotals
 
 
-def validate_samples(samples: Sequence[Sample]) -> None:
-    """InvalidArgument naming the first malformed sample: duplicate id, empty prompt (the first
-    completion token needs a position to be predicted from), or per-token lists of different lengths."""
-    seen: set[str] = set()
-    for i, sample in enumerate(samples):
-        if sample.sample_id in seen:
-            raise InvalidArgument.field(f"samples[{i}].sample_id", f"{sample.sample_id!r} appears twice")
-        seen.add(sample.sample_id)
-        if not sample.prompt_token_ids:
-            raise InvalidArgument.field(f"samples[{i}].prompt_token_ids", "must not be empty")
-        completion = sample.completion
-        if not len(completion.token_ids) == len(completion.logprobs) == len(completion.versions):
-            raise InvalidArgument.field(
-                f"samples[{i}].completion", "token_ids, logprobs and versions must have the same length"
-            )
-
-
 def plan_step(
     samples: Sequence[Sample], advantages: Mapping[str, float], token_budget: int, pad_token_id: int
 ) -> StepPlan:

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from pipelinerl.common import convert
-from pipelinerl.common.errors import ErrorInfo, InvalidArgument
+from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.server import Registration
 from pipelinerl.common.types import Sample
 from pipelinerl.common.weights import Receiver
 from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_proto
-from pipelinerl.trainer.types import Disposition, SampleAck, TrainerCore
+from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
 
@@ -77,16 +77,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             async for request in request_iterator:
                 if len(request.samples) > MAX_SAMPLES_PER_MESSAGE:
                     raise InvalidArgument.field("samples", f"at most {MAX_SAMPLES_PER_MESSAGE} per message")
-                valid: list[Sample] = []
+                entries: list[Sample | Malformed] = []
                 for i, msg in enumerate(request.samples):
                     try:
-                        valid.append(convert.sample_from_proto(msg, f"samples[{i}]"))
+                        entries.append(convert.sample_from_proto(msg, f"samples[{i}]"))
                     except InvalidArgument as exc:
-                        acks.put_nowait(
-                            SampleAck(msg.sample_id, Disposition.REJECTED, -1, ErrorInfo.from_exception(exc))
-                        )
-                if valid:
-                    await self._core.admit(valid, acks.put_nowait)
+                        entries.append(Malformed(msg.sample_id, msg.group_id, msg.group_size, exc))
+                if entries:
+                    await self._core.admit(entries, acks.put_nowait)
                 if request.flush or request.checkpoint:
                     await self._core.flush(checkpoint=request.checkpoint)
         finally:

@@ -35,7 +35,7 @@ from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 from pipelinerl.trainer.checkpoints import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy
 from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
-from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 from pipelinerl.trainer.validation import check_sample
 
 log = get_logger(__name__)
@@ -140,7 +140,7 @@ class Trainer:
 
     # ---- TrainerCore --------------------------------------------------------------------------
 
-    async def admit(self, samples: Sequence[Sample], on_ack: AckSink) -> None:
+    async def admit(self, samples: Sequence[Sample | Malformed], on_ack: AckSink) -> None:
         async with self._changed:
             # Backpressure: stop reading the stream while the buffer is full.
             await self._changed.wait_for(lambda: self._buffered < self.config.max_buffered_samples)
@@ -185,7 +185,7 @@ class Trainer:
 
     # ---- admission ----------------------------------------------------------------------------
 
-    def _admit_one(self, index: int, sample: Sample, on_ack: AckSink) -> None:
+    def _admit_one(self, index: int, sample: Sample | Malformed, on_ack: AckSink) -> None:
         if sample.sample_id in self.trained_ids:
             on_ack(SampleAck(sample.sample_id, Disposition.DUPLICATE, self.trained_ids[sample.sample_id]))
             return
@@ -199,6 +199,8 @@ class Trainer:
         group = self._groups.setdefault(sample.group_id, _Group(sample.group_size))
         group.arrived.add(sample.sample_id)
         try:
+            if isinstance(sample, Malformed):
+                raise sample.error
             check_sample(sample, self.learner.limits, f"samples[{index}]")
             if max(sample.completion.versions) > self.version:
                 raise InvalidArgument.field(

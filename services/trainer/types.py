@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipelinerl.common.errors import ErrorInfo
+from pipelinerl.common.errors import ErrorInfo, InvalidArgument
 from pipelinerl.common.types import Sample, WeightVersion
 from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 
@@ -36,6 +36,17 @@ class SampleAck:
 
 
 @dataclass(frozen=True)
+class Malformed:
+    """A request entry that is no valid sample: rejected, yet one arrival of its group, so the
+    group's other members are not held forever."""
+
+    sample_id: str
+    group_id: str
+    group_size: int
+    error: InvalidArgument
+
+
+@dataclass(frozen=True)
 class TrainerStatus:
     version: WeightVersion
     buffered_samples: int
@@ -50,9 +61,10 @@ class TrainerStatus:
 class TrainerCore(Protocol):
     """The trainer as the servicer sees it."""
 
-    async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
-        """Take samples in. `on_ack` is called for every ack of these samples, now and later
-        (ACCEPTED, then TRAINED or DROPPED; or DUPLICATE at once). May block: that is backpressure."""
+    async def admit(self, samples: Sequence[Sample | Malformed], on_ack: Callable[[SampleAck], None]) -> None:
+        """Take the entries of one request in, in order (errors name their index). `on_ack` is
+        called for every ack of these samples, now and later (ACCEPTED, then TRAINED or DROPPED; or
+        DUPLICATE or REJECTED at once). May block: that is backpressure."""
         ...
 
     async def flush(self, checkpoint: bool) -> None:

@@ -106,6 +106,17 @@ async def test_a_group_with_a_rejected_member_trains_its_other_members(tmp_path:
         assert {s: a.disposition for s, a in acks.items()} == {
             "mixed-0": Disposition.REJECTED, "mixed-1": Disposition.TRAINED, "mixed-2": Disposition.TRAINED,
         }  # fmt: skip
+        # A member the servicer cannot even convert (a positive logprob) counts too, and the field
+        # named is its index in the request.
+        broken = group("broken", 1, [0, 0, 1])
+        broken[1] = replace(broken[1], completion=TokenSequence([12, 13], [-1.0, 0.5], [1, 1]))
+        acks = final(await submit(server.address, broken))
+        assert {s: a.disposition for s, a in acks.items()} == {
+            "broken-0": Disposition.TRAINED,
+            "broken-1": Disposition.REJECTED,
+            "broken-2": Disposition.TRAINED,
+        }
+        assert acks["broken-1"].error.violations[0].field == "samples[1].completion.logprobs"  # type: ignore[union-attr]
     finally:
         await server.stop(grace=1)
 

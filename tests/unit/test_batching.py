@@ -13,7 +13,7 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.trainer.advantages import AdvantageConfig, compute_advantages
-from pipelinerl.trainer.batching import collate, pack, plan_step, validate_samples
+from pipelinerl.trainer.batching import collate, pack, plan_step
 from pipelinerl.trainer.learner import LearnerConfig, TorchLearner
 from pipelinerl.trainer.losses import LossConfig, PolicyLossKind, TokenWeighting
 
@@ -73,21 +73,6 @@ def test_packing_puts_similar_lengths_together() -> None:
 def test_a_sample_longer_than_the_budget_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="token budget"):
         pack([_sample("huge", 10, 30)], token_budget=32)
-
-
-@pytest.mark.parametrize(
-    ("sample", "field"),
-    [
-        (Sample("s", "g", [], TokenSequence([5], [-1.0], [0]), 1.0), "samples[1].prompt_token_ids"),
-        (Sample("s", "g", [1], TokenSequence([5, 6], [-1.0], [0, 0]), 1.0), "samples[1].completion"),
-        (Sample("ok", "g", [1], TokenSequence([5], [-1.0], [0]), 1.0), "samples[1].sample_id"),
-    ],
-)
-def test_malformed_samples_are_rejected_naming_the_field(sample: Sample, field: str) -> None:
-    first = Sample("ok", "g", [1], TokenSequence([5], [-1.0], [0]), 0.0)
-    with pytest.raises(InvalidArgument) as raised:
-        validate_samples([first, sample])
-    assert raised.value.violations[0].field == field
 
 
 @pytest.fixture(scope="module")
