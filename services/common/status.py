@@ -70,7 +70,9 @@ def info_from_status(status: status_pb2.Status) -> ErrorInfo | None:
         bad_request = error_details_pb2.BadRequest()
         if detail.Unpack(bad_request):
             violations += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
-    return ErrorInfo(code_pb2.Code.Name(status.code), status.message, violations)
+    # A code outside google.rpc.Code (a newer or broken peer) reads as UNKNOWN, as gRPC's own do.
+    name = code_pb2.Code.Name(status.code) if status.code in code_pb2.Code.values() else "UNKNOWN"
+    return ErrorInfo(name, status.message, violations)
 
 
 def error_from_status(status: status_pb2.Status) -> PipelineError:

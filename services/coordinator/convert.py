@@ -11,8 +11,12 @@ from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.types import Mode, Progress, RunInfo, RunSpec, RunState, ServerVersion
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
+from pipelinerl.reward.types import MAX_BATCH_ITEMS
+from pipelinerl.trainer.server import MAX_SAMPLES_PER_MESSAGE
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# A group is scored in one reward call and sent to the trainer in one message.
+MAX_GROUP_SIZE = min(MAX_BATCH_ITEMS, MAX_SAMPLES_PER_MESSAGE)
 
 _MODES = {Mode.PIPELINE: pb.MODE_PIPELINE, Mode.SYNC: pb.MODE_SYNC}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
@@ -48,6 +52,7 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
     checks = [
         (bool(msg.dataset), "dataset", "must name a dataset"),
         (msg.group_size >= 2, "group_size", "must be at least 2"),
+        (msg.group_size <= MAX_GROUP_SIZE, "group_size", f"must be at most {MAX_GROUP_SIZE}"),
         (msg.max_samples >= 0, "max_samples", "must be >= 0"),
         (msg.mode in _MODE_NAMES, "mode", "must be MODE_PIPELINE or MODE_SYNC"),
         (msg.max_in_flight >= msg.group_size, "max_in_flight", "must be at least group_size"),

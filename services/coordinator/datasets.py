@@ -42,10 +42,15 @@ def _file_problems(path: Path, seed: int, tokenizer: str | None) -> list[Problem
     import datasets
 
     builder = "parquet" if path.suffix == ".parquet" else "json"
-    rows = datasets.load_dataset(builder, data_files=str(path), split="train").shuffle(seed=seed)
+    try:
+        rows = datasets.load_dataset(builder, data_files=str(path), split="train").shuffle(seed=seed)
+    except Exception as exc:  # the library raises a dozen types for an unreadable file
+        raise InvalidArgument.field("spec.dataset", f"{path} cannot be read as {builder}: {exc}") from exc
     missing = {"prompt", "answer"} - set(rows.column_names)
     if missing:
         raise InvalidArgument.field("spec.dataset", f"{path} lacks the field(s) {', '.join(sorted(missing))}")
+    if (kind := getattr(rows.features["prompt"], "dtype", "nested")) not in ("string", "large_string"):
+        raise InvalidArgument.field("spec.dataset", f"{path}: `prompt` must be text, not {kind}")
     template = _chat_template(tokenizer)
     return [
         Problem(template(row["prompt"]), str(row["answer"]), row.get("verifier") or DEFAULT_VERIFIER)

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.errors import FailedPrecondition, PipelineError
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, Sample
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
@@ -43,6 +43,9 @@ log = get_logger(__name__)
 WINDOW = 256  # samples in the moving averages of reward, correctness and lag
 RETRY_S = 1.0
 STOP_GRACE_S = 10.0
+MAX_FAILURES_IN_A_ROW = 64
+"""Attempts refused in a row, none generated between, that fail the run: its spec is one no
+server can serve (an endless dataset would otherwise dispatch refused attempts forever)."""
 
 
 @dataclass
@@ -101,6 +104,7 @@ class RunLoop:
         self._slots = asyncio.Condition()
         self._failure: BaseException | None = None
         self._dispatch_ended = False
+        self._failures_in_a_row = 0
         self.stopping = False
 
     # ---- progress -----------------------------------------------------------------------------
@@ -258,7 +262,15 @@ class RunLoop:
             log.warning("attempt failed", sample_id=attempt.sample_id, code=exc.code, error=exc.message)
             self._journal.mark_acked(attempt.sample_id, f"failed:{exc.code}", -1)
             attempt.state = "acked"
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row >= MAX_FAILURES_IN_A_ROW and self._failure is None:
+                self._failure = FailedPrecondition(
+                    f"{self._failures_in_a_row} attempts in a row were refused, the last with "
+                    f"{exc.code}: {exc.message}"
+                )
+                self.stopping = True
             return
+        self._failures_in_a_row = 0
         self._journal.mark_generated(
             attempt.sample_id, completion.prompt_token_ids, completion.tokens, completion.text,
             completion.finish_reason, server,

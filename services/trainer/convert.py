@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipelinerl.common import convert
+from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.status import info_from_status, status_proto
 from pipelinerl.common.weights import Rendezvous, WeightNotice
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
@@ -28,6 +29,8 @@ def ack_to_proto(ack: SampleAck) -> pb.SampleAck:
 
 
 def ack_from_proto(msg: pb.SampleAck) -> SampleAck:
+    if msg.disposition not in _DISPOSITION_NAMES:
+        raise InvalidArgument.field("acks.disposition", f"unknown disposition {msg.disposition}")
     error = info_from_status(msg.error) if msg.HasField("error") else None
     return SampleAck(msg.sample_id, _DISPOSITION_NAMES[msg.disposition], msg.version, error)
 
