@@ -1,7 +1,9 @@
 """The coordinator core behind `CoordinatorCore`: runs by id, each driven by a `RunLoop` task.
 
 StartRun is idempotent: a run id known to the journal resumes where it stopped (a stopped run,
-or one cut short by a crash); a running one is returned as it is.
+or one cut short by a crash); a running one is returned as it is. A run is checked (its dataset
+opens, the inference servers can serve its sampling) before the journal holds it, so a refused
+StartRun leaves nothing behind and its id stays free.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from pipelinerl.common.errors import FailedPrecondition, NotFound
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.datasets import open_problems
@@ -25,6 +27,7 @@ from pipelinerl.reward.client import RewardClient
 log = get_logger(__name__)
 
 WATCH_EVERY_S = 1.0
+LIMITS_TIMEOUT_S = 10.0  # for the inference servers to connect and advertise their limits
 _FINAL = (RunState.STOPPED, RunState.COMPLETED, RunState.FAILED)
 
 
@@ -70,6 +73,7 @@ class Coordinator:
         self._submitter = submitter
         self._tokenizer = tokenizer
         self._runs: dict[str, _Run] = {}
+        self._starting = asyncio.Lock()  # the checks of a start await: one start at a time
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stop every run, letting attempts in flight finish for up to `timeout_s`; the journal
@@ -82,22 +86,44 @@ class Coordinator:
             log.warning("runs did not stop in time; the journal resumes them", runs=running)
 
     async def start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
+        async with self._starting:
+            return await self._start_run(run_id, spec)
+
+    async def _start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
         run = self._runs.get(run_id)
         if run is not None and run.state in (RunState.RUNNING, RunState.STOPPING):
             return self._info(run)
         record = self._journal.get_run(run_id)
+        if record is not None:
+            spec = spec_from_json(record.spec)  # a resumed run keeps the spec it started with
+        start = record.next_prompt if record else 0
+        problems = open_problems(spec.dataset, spec.seed, start, self._tokenizer)
+        await self._check_servable(spec)
         if record is None:
             record = self._journal.create_run(run_id, spec_to_json(spec))
         else:
-            spec = spec_from_json(record.spec)  # a resumed run keeps the spec it started with
             self._journal.set_run_state(run_id, RunState.RUNNING.value)
-        problems = open_problems(spec.dataset, spec.seed, record.next_prompt, self._tokenizer)
         loop = RunLoop(run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems)
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
         run.task = asyncio.create_task(self._drive(run))
         self._runs[run_id] = run
         log.info("run started", run_id=run_id, dataset=spec.dataset, mode=spec.mode.value)
         return self._info(run)
+
+    async def _check_servable(self, spec: RunSpec) -> None:
+        """InvalidArgument naming the field if the inference servers would refuse every attempt."""
+        limits = await self._pool.limits(LIMITS_TIMEOUT_S)
+        tokens = spec.sampling.max_new_tokens
+        if tokens > limits.max_new_tokens:
+            raise InvalidArgument.field(
+                "spec.sampling.max_new_tokens",
+                f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
+            )
+        if tokens >= limits.max_context:
+            raise InvalidArgument.field(
+                "spec.sampling.max_new_tokens",
+                f"{tokens} leaves no room for a prompt in the context of {limits.max_context} tokens",
+            )
 
     def get_run(self, run_id: str) -> RunInfo:
         return self._info(self._run(run_id))

@@ -2,6 +2,8 @@
 
 `GenerateSession` holds one Generate stream and honours the server's flow-control window: a call
 to `generate()` waits for a free slot before it submits, so the client never overfills the server.
+However the stream ends (the server drains or crashes, the call is cancelled, a write finds it
+finished), every request on it fails with Unavailable: the server went away, not the request.
 
     async with InferenceClient("127.0.0.1:50051") as client, client.session() as session:
         completion = await session.generate(GenerationRequest("r1", [1, 2, 3], SamplingParams()))
@@ -10,14 +12,15 @@ to `generate()` waits for a free slot before it submits, so the client never ove
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import grpc
 
 from pipelinerl.common import convert
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
-from pipelinerl.common.errors import Unavailable
-from pipelinerl.common.status import domain_errors, error_from_rpc, error_from_status
+from pipelinerl.common.errors import PipelineError, Unavailable
+from pipelinerl.common.status import domain_errors, error_from_status
 from pipelinerl.common.types import TokenSequence
 from pipelinerl.inference.convert import completion_from_proto, status_from_proto
 from pipelinerl.inference.types import Completion, EngineStatus, GenerationRequest
@@ -39,14 +42,16 @@ class GenerateSession:
         self._write_lock = asyncio.Lock()  # a gRPC call takes one write at a time
         self._window = 0
         self._capacity = asyncio.Event()
-        self._closed: Exception | None = None
+        self._ended: str | None = None
+        """Why the stream ended, once it has."""
+        self._closing = False
         self.max_new_tokens = 0
         self.max_context = 0
 
     @property
     def window(self) -> int:
-        """Requests the server accepts in flight on this stream now."""
-        return self._window
+        """Requests the server accepts in flight on this stream now; 0 once it is ending."""
+        return 0 if self._ended is not None or self._closing else self._window
 
     @property
     def in_flight(self) -> int:
@@ -56,8 +61,8 @@ class GenerateSession:
         self._call = self._stub.Generate()
         self._reader = asyncio.create_task(self._read())
         await self._capacity.wait()
-        if self._closed is not None:
-            raise self._closed
+        if self._ended is not None:
+            raise self._gone()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -66,14 +71,31 @@ class GenerateSession:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
+    async def wait_closed(self) -> str:
+        """Until the stream has ended; why it ended."""
+        assert self._reader is not None, "use `async with session`"
+        await asyncio.wait([self._reader])  # never raises: a cancelled call ends the reader cancelled
+        return self._ended or ""
+
+    async def close_when_idle(self) -> None:
+        """Half-close: no new request; the server finishes those in flight, then ends the stream."""
+        async with self._slots:
+            self._closing = True
+            self._slots.notify_all()
+        assert self._call is not None
+        async with self._write_lock:
+            with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                await self._call.done_writing()
+
     async def generate(self, request: GenerationRequest, on_delta: DeltaCallback | None = None) -> Completion:
         """Submit once a slot is free and wait for the completion. Cancelling this coroutine cancels
         the request on the server. Raises the request's domain error (InvalidArgument, ...)."""
         assert self._call is not None, "use `async with session`"
         async with self._slots:
-            await self._slots.wait_for(lambda: self._closed is not None or len(self._pending) < self._window)
-            if self._closed is not None:
-                raise self._closed
+            # A window of 0 means the server drains: it takes nothing new on this stream.
+            await self._slots.wait_for(lambda: len(self._pending) < self.window or self.window == 0)
+            if self.window == 0:
+                raise self._gone()
             future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
             self._pending[request.request_id] = (future, on_delta)
         submission = pb.Submission(
@@ -87,37 +109,54 @@ class GenerateSession:
             await self._write(pb.GenerateRequest(submit=submission))
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            if self._closed is None:
+            with contextlib.suppress(PipelineError):  # a stream that has ended has no request to cancel
                 await self._write(pb.GenerateRequest(cancel=pb.Cancellation(request_id=request.request_id)))
             raise
         finally:
             async with self._slots:
                 self._pending.pop(request.request_id, None)
                 self._slots.notify_all()
+            if not future.cancel():  # done already: mark an error it holds seen (this call has ended)
+                future.exception()
 
     async def _write(self, message: pb.GenerateRequest) -> None:
+        """Unavailable if the stream has ended, also while this write waited for its turn."""
         assert self._call is not None
         async with self._write_lock:
-            await self._call.write(message)
+            if self._ended is not None:
+                raise self._gone()
+            try:
+                await self._call.write(message)
+            except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as exc:  # finished, or failed under us
+                raise Unavailable(f"the Generate stream ended: {exc}") from exc
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                raise Unavailable("the Generate stream was cancelled") from None  # the call, not this task
 
     async def _read(self) -> None:
         assert self._call is not None
+        why = "the Generate stream was cancelled"
         try:
             # read() rather than `async for`: gRPC forbids mixing iteration with write().
             while (response := await self._call.read()) is not grpc.aio.EOF:
                 await self._dispatch(response)
-            self._closed = Unavailable("the inference server ended the stream")
-        except grpc.aio.AioRpcError as err:
-            self._closed = error_from_rpc(err)
+            why = "the inference server ended the stream"
+        except grpc.aio.AioRpcError as err:  # any status: the server went away, not the requests
+            why = f"the Generate stream failed: {err.code().name}: {err.details()}"
         finally:
-            if self._closed is None:
-                self._closed = Unavailable("stream closed")
+            self._ended = why
             self._capacity.set()
             for future, _ in self._pending.values():
                 if not future.done():
-                    future.set_exception(self._closed)
+                    future.set_exception(self._gone())
             async with self._slots:
                 self._slots.notify_all()
+
+    def _gone(self) -> Unavailable:
+        """A new error for each caller: one instance raised in many tasks would pile up tracebacks."""
+        return Unavailable(self._ended or "the inference server takes no new request on this stream")
 
     async def _dispatch(self, response: pb.GenerateResponse) -> None:
         event = response.WhichOneof("event")

@@ -1,21 +1,41 @@
-"""A killed inference server loses nothing: its attempts are generated again elsewhere, and every
-attempt is trained exactly once."""
+"""An inference server that goes away, by crash or by drain, loses nothing: its attempts are
+generated again elsewhere (or on it once it is back), and every attempt is trained exactly once."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sqlite3
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
-from pipelinerl.launcher.processes import ServiceProcess
-from pipelinerl.launcher.run import launch
+from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
+from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, launch
+from tests.e2e.evidence import assert_trained_exactly_once
 
 pytestmark = pytest.mark.slow
 
 BUDGET = 6144
+DRAIN_BUDGET = 12288  # lasts for the restarts, each some seconds of a process starting
+DRAINS = 3
+
+
+def assert_nothing_failed(run_dir: Path, run_id: str, budget: int) -> None:
+    """Every attempt final, none failed, each trained one exactly once. Groups whose attempts were
+    generated again may come back too stale for the lag policy: dropped, a recorded reason."""
+    journal = Journal(run_dir / "journal.sqlite")
+    try:
+        counts = journal.counts(run_id)
+    finally:
+        journal.close()
+    assert set(counts) <= {"acked:trained", "acked:dropped"}, counts
+    assert counts.get("acked:trained", 0) >= budget * 0.9, counts
+    assert_trained_exactly_once(run_dir, budget)
 
 
 async def test_killed_inference_server_loses_no_sample(tmp_path: Path) -> None:
@@ -32,10 +52,50 @@ async def test_killed_inference_server_loses_no_sample(tmp_path: Path) -> None:
     result = await launch(settings, kill_one_midway, processes)
 
     assert killed, "the run ended before the server could be killed"
-    assert result.state == "completed" and result.trained == BUDGET
-    journal = sqlite3.connect(tmp_path / "run" / "journal.sqlite")
-    states = journal.execute("SELECT state, disposition, COUNT(*) FROM attempts GROUP BY 1, 2").fetchall()
-    assert states == [("acked", "trained", BUDGET)]
+    assert result.state == "completed", result
+    assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
+    journal = sqlite3.connect(settings.run_dir / "journal.sqlite")
     servers = dict(journal.execute("SELECT server, COUNT(*) FROM attempts GROUP BY server").fetchall())
+    journal.close()
     survivor = next(p.address for p in processes if p.name == "inference-0")
     assert servers[survivor] > BUDGET // 2  # the survivor took over the rest of the run
+
+
+async def test_inference_server_drained_and_restarted_again_and_again_fails_nothing(tmp_path: Path) -> None:
+    """SIGTERM (a graceful drain) ends the server's Generate stream while the coordinator writes
+    to it; each time, the run goes on and the server takes prompts again once it is back."""
+    run_dir = tmp_path / "run"
+    settings = RunSettings(run_dir=run_dir, max_samples=DRAIN_BUDGET, inference_servers=2, duration_s=300)
+    processes: list[ServiceProcess] = []
+    cycles: list[asyncio.Task[None]] = []  # one per drain, each started while the victim is busy
+
+    async def drain_and_restart(victim: ServiceProcess) -> None:
+        victim.process.send_signal(signal.SIGTERM)  # by handle
+        await asyncio.to_thread(victim.process.wait)
+        if len(cycles) == DRAINS:
+            return  # the last drain: the run ends without it
+        config = yaml.safe_load((run_dir / f"{victim.name}.yaml").read_text())  # the same port
+        processes.append(start_service(victim.name, "pipelinerl.inference", config, run_dir))
+        await processes[-1].wait_healthy(HEALTH_TIMEOUT_S)
+
+    def drain_when_busy(run: RunInfo, elapsed_s: float) -> None:
+        if cycles and not cycles[-1].done():
+            return
+        victim = [p for p in processes if p.name == "inference-1"][-1]
+        if not any(s.address == victim.address and s.in_flight > 0 for s in run.progress.servers):
+            return
+        if len(cycles) < DRAINS:
+            cycles.append(asyncio.create_task(drain_and_restart(victim)))
+
+    try:
+        result = await launch(settings, drain_when_busy, processes)
+    finally:
+        for task in cycles:
+            task.cancel()
+        await asyncio.gather(*cycles, return_exceptions=True)
+        await stop_all(processes)  # a server restarted after the launcher had stopped the others
+
+    assert result.state == "completed", result
+    # Each restarted server was given prompts again, and was drained busy with them.
+    assert len(cycles) == DRAINS, f"{len(cycles)} drains: the restarted server got no prompts"
+    assert_nothing_failed(run_dir, settings.run_id, DRAIN_BUDGET)

@@ -1,0 +1,61 @@
+"""The coordinator's inference pool against a real inference server process that is drained
+(SIGTERM) and started again on the same port, again and again, busy or idle at the drain: no
+request fails, and the pool takes the server back each time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from pipelinerl.common.channel import ChannelConfig, free_port
+from pipelinerl.common.types import FinishReason, SamplingParams
+from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.inference.types import Completion, GenerationRequest
+from tests.integration.processes import server_process
+
+DRAINS = 3
+BATCH = 24  # ~1.2 s of work at the fake engine's pace (window 4, 20 tokens of 10 ms)
+TOKENS = 20
+
+
+async def test_requests_outlive_drains_and_restarts_of_their_server(tmp_path: Path) -> None:
+    port = free_port()
+
+    @contextlib.asynccontextmanager
+    async def server(start: int) -> AsyncIterator[subprocess.Popen[bytes]]:
+        folder = tmp_path / str(start)  # a port file of its own per start
+        folder.mkdir()
+        async with server_process("fake_inference_server.py", folder, "64", "128", str(port)) as (proc, _):
+            yield proc
+
+    pool = InferencePool([ChannelConfig(f"127.0.0.1:{port}")])
+    await pool.start()
+    sampling = SamplingParams(max_new_tokens=TOKENS)
+    tasks: list[asyncio.Task[tuple[str, Completion]]] = []
+    try:
+        for cycle in range(DRAINS):
+            async with server(cycle) as proc:
+                batch = [
+                    asyncio.create_task(pool.generate(GenerationRequest(f"r{cycle}-{i}", [1], sampling)))
+                    for i in range(BATCH)
+                ]
+                tasks += batch
+                if cycle % 2:  # idle at the drain: nothing of the pool's waits on the stream it ends
+                    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+                else:  # busy: requests in flight and queued at the drain
+                    await asyncio.sleep(0.3)
+                    assert not all(t.done() for t in batch), "the batch ended before the drain"
+                proc.send_signal(signal.SIGTERM)  # by handle: a graceful drain
+                await asyncio.to_thread(proc.wait)
+        async with server(DRAINS):
+            completions = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await pool.close()
+    assert all(c.finish_reason is FinishReason.LENGTH and len(c.tokens) == TOKENS for _, c in completions)
