@@ -230,6 +230,7 @@ class RunLoop:
             self._groups -= 1
             self._counts.finished += attempts
             self._slots.notify_all()
+        self._maybe_flush()  # the trainer ignores a flush while it steps: ask again once it has
 
     def _maybe_flush(self) -> None:
         """Flush the trainer when every group in flight waits on it and no group can start."""

@@ -92,12 +92,16 @@ class Trainer:
         self._buffered = 0
         self._counts = {"dropped": 0, "rejected": 0}
         self._freshest = -1
+        self._lost: list[tuple[int, int]] = []
+        """(first lost, resumed) per restart: versions first..resumed-1 died with a crash and
+        `resumed` republished the weights of first - 1, so none of them is a step."""
         """Newest token version of any admitted sample: how far generation has caught up."""
         self._tokens_per_s = 0.0
         self._changed = asyncio.Condition()
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._flushing = False
+        self._stepping = False
         self._checkpoint_wanted = False
         self._checkpointed = 0
         self._on_halt = on_halt
@@ -115,9 +119,12 @@ class Trainer:
             latest = self._checkpoints.latest()
             if latest is not None:
                 self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
-                self.trained_ids = dict(read_trainer_state(latest).extra_state.get("trained", {}))
+                extra = read_trainer_state(latest).extra_state
+                self.trained_ids = dict(extra.get("trained", {}))
+                self._lost = [(a, b) for a, b in extra.get("lost_versions", [])]
                 self._checkpointed = self.version
             if (published := self._checkpoints.published()) > self.version:
+                self._lost.append((self.version + 1, published + 1))
                 self.version = published + 1
             if latest is not None or published >= 0:
                 log.info("resumed", checkpoint=str(latest), version=self.version,
@@ -150,7 +157,10 @@ class Trainer:
 
     async def flush(self, checkpoint: bool) -> None:
         async with self._changed:
-            self._flushing = bool(self._ready)  # nothing ready: no partial step is owed
+            # A step under way or due frees the client's slots by itself, and a client still stalled
+            # after it asks again; a partial step now would only add a version of lag.
+            due = self._stepping or self._ready_samples() >= self.config.samples_per_step
+            self._flushing = bool(self._ready) and not due
             self._checkpoint_wanted = self._checkpoint_wanted or checkpoint
             self._changed.notify_all()
 
@@ -182,6 +192,9 @@ class Trainer:
             tokens_per_s=self._tokens_per_s,
             watchers=self.publisher.watchers,
         )
+
+    def lag(self, token_version: int, version: int) -> int:
+        return lineage_lag(token_version, version, self._lost)
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -224,7 +237,7 @@ class Trainer:
     def _hold(self, group: _Group, sample: Sample, on_ack: AckSink) -> None:
         """A valid sample: dropped for lag, or buffered in its group until a step trains it."""
         self._freshest = max(self._freshest, max(sample.completion.versions))
-        lag = self.version - min(sample.completion.versions)
+        lag = self.lag(min(sample.completion.versions), self.version)
         if lag > self.config.max_lag and self.config.lag_policy is LagPolicy.DROP:
             self._counts["dropped"] += 1
             on_ack(SampleAck(sample.sample_id, Disposition.DROPPED, self.version))
@@ -243,7 +256,7 @@ class Trainer:
         """Policy wait: may the trainer take the step to version + 1? (Always, for other policies.)"""
         if self.config.lag_policy is not LagPolicy.WAIT:
             return True
-        if self._freshest >= self.version + 1 - self.config.max_lag:
+        if self.lag(self._freshest, self.version + 1) <= self.config.max_lag:
             return True
         if self._buffered >= self.config.max_buffered_samples:
             log.warning(
@@ -283,8 +296,12 @@ class Trainer:
                 batch: list[_Group] = []
                 while self._ready and sum(len(g.samples) for g in batch) < self.config.samples_per_step:
                     batch.append(self._ready.pop(0))
+                self._stepping = bool(batch)
             if batch:
-                await self._train(batch, wait_s=time.perf_counter() - idle_since)
+                try:
+                    await self._train(batch, wait_s=time.perf_counter() - idle_since)
+                finally:
+                    self._stepping = False
             if not self._ready:
                 self._flushing = False
             if self._checkpoint_wanted and not self._flushing:
@@ -372,9 +389,22 @@ class Trainer:
             self._checkpointed = self.version
             return
         staging = self._checkpoints.stage(self.version)
-        extra = {"trained": self.trained_ids}
+        extra = {"trained": self.trained_ids, "lost_versions": self._lost}
         await asyncio.to_thread(self.learner.save_checkpoint, staging, self.version, extra)
         await asyncio.to_thread(self._checkpoints.commit, staging)
         async with self._changed:
             self._checkpointed = self.version
             self._changed.notify_all()
+
+
+def lineage_lag(token_version: int, version: int, lost: Sequence[tuple[int, int]]) -> int:
+    """Optimizer steps from the weights of `token_version` to those of `version`, given the
+    versions each restart lost (`Trainer._lost`): those are no steps, and a token of a lost
+    version counts as one of the version that resumed."""
+    lag = version - token_version
+    for first, resumed in lost:
+        if resumed <= version and token_version < first:
+            lag -= resumed - first + 1
+        elif first <= token_version < resumed:
+            lag = version - resumed
+    return max(lag, 0)

@@ -92,8 +92,8 @@ async def test_a_trainer_killed_steps_after_its_checkpoint_trains_everything_onc
     # Newer than anything it published before, so the inference servers take the resumed weights.
     assert resumed.version.version > version_at_kill
     lost = range(durable + 1, resumed.version.version)
-    dispositions = assert_trained_exactly_once(run_dir, BUDGET, lost)
-    assert dispositions["trained"] >= BUDGET * 0.9, dispositions
+    # Lag counts steps, not the versions the crash skipped: the resent samples are not stale.
+    assert assert_trained_exactly_once(run_dir, BUDGET, lost) == {"trained": BUDGET}
 
 
 # An inference server takes longer to start than the others; a bigger budget outlasts its restart.

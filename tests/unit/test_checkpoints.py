@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipelinerl.trainer.checkpoints import CheckpointDir
 from pipelinerl.trainer.learner import STATE_FILE, read_trainer_state
+from pipelinerl.trainer.trainer import lineage_lag
 
 
 def write(directory: Path, version: int) -> Path:
@@ -77,3 +78,14 @@ def test_the_highest_published_version_is_kept(tmp_path: Path) -> None:
     assert checkpoints.published() == -1
     checkpoints.record_published(6)
     assert CheckpointDir(tmp_path).published() == 6
+
+
+def test_lag_counts_steps_not_the_versions_a_crash_skipped() -> None:
+    # Checkpoint at 4, versions 5-7 published and lost, 8 republished the weights of 4.
+    lost = [(5, 8)]
+    assert lineage_lag(4, 8, lost) == 0
+    assert lineage_lag(3, 9, lost) == 2
+    assert lineage_lag(6, 9, lost) == 1  # made by lost weights: as old as the resumed ones
+    assert lineage_lag(9, 11, lost) == 2
+    # A second crash: checkpoint at 10, 11-12 lost, 13 republished 10.
+    assert lineage_lag(3, 14, [*lost, (11, 13)]) == 14 - 3 - 4 - 3
