@@ -69,17 +69,17 @@ from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.model import build_tokenizer, preset_config
-from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import SamplingParams, WeightVersion
-from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 from pipelinerl.inference.engine import EngineConfig, InferenceEngine
-from pipelinerl.inference.receiver import WeightReceiver
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.server import registration
 from pipelinerl.trainer.types import TrainerStatus
+from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
+from pipelinerl.weights.receiver import WeightReceiver
+from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
 
 log = get_logger("benchmarks.weight_update")
 

@@ -8,17 +8,6 @@ from datetime import UTC, datetime
 
 from pipelinerl.common.errors import ErrorInfo, FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence, WeightVersion
-from pipelinerl.common.weights import (
-    BucketSpec,
-    Checksum,
-    ChecksumAlgorithm,
-    Receiver,
-    TensorSpec,
-    WeightChunk,
-    WeightLayout,
-    WeightNotice,
-    crc32,
-)
 from pipelinerl.coordinator.types import Progress, RunInfo, RunSpec, RunState
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
 from pipelinerl.reward.types import (
@@ -30,6 +19,17 @@ from pipelinerl.reward.types import (
     check_batch,
 )
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
+from pipelinerl.weights.types import (
+    BucketSpec,
+    Checksum,
+    ChecksumAlgorithm,
+    Receiver,
+    TensorSpec,
+    WeightChunk,
+    WeightLayout,
+    WeightNotice,
+    crc32,
+)
 
 
 class FakeReward:

@@ -12,7 +12,7 @@ import math
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.common.v1 import common_pb2 as pb
-from pipelinerl.common.weights import (
+from pipelinerl.weights.types import (
     BucketSpec,
     Checksum,
     ChecksumAlgorithm,

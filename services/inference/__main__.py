@@ -25,10 +25,10 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     import torch
 
     from pipelinerl.common.channel import ChannelConfig
-    from pipelinerl.inference.receiver import WeightReceiver
     from pipelinerl.inference.runner import EngineRunner
     from pipelinerl.inference.server import InferenceServicer, registration
     from pipelinerl.trainer.client import TrainerClient
+    from pipelinerl.weights.receiver import WeightReceiver
 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)

@@ -24,8 +24,8 @@ from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
-from pipelinerl.inference.receiver import WeightReceiver
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.weights.receiver import WeightReceiver
 
 log = get_logger(__name__)
 

@@ -43,19 +43,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipelinerl.common import buckets as bucketing
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
-from pipelinerl.common.weights import WeightLayout
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
 from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
+from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights.types import WeightLayout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from pipelinerl.inference.receiver import WeightReceiver
+    from pipelinerl.weights.receiver import WeightReceiver
 
 log = get_logger(__name__)
 

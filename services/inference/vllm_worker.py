@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from pipelinerl.common import buckets as bucketing
 from pipelinerl.common.errors import FailedPrecondition
-from pipelinerl.common.weights import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout
+from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights.types import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout
 
 EXTENSION_CLASS = "pipelinerl.inference.vllm_worker.WeightUpdateExtension"
 

@@ -60,9 +60,9 @@ def _init_world(device: str) -> None:
 
 async def build(settings: TrainerSettings) -> GrpcServer:
     """Load the model, resume from the latest checkpoint, publish the current version, serve."""
-    from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
     from pipelinerl.trainer.server import registration
     from pipelinerl.trainer.trainer import Trainer, TrainerLoopConfig
+    from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
 
     bind_context(run=settings.run_id)
     learner = build_learner(settings)

@@ -9,11 +9,11 @@ from pipelinerl.common import convert
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.status import domain_errors
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 from pipelinerl.trainer.convert import ack_from_proto, notice_from_proto, status_from_proto
 from pipelinerl.trainer.types import SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
+from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
 
 
 @dataclass(frozen=True)

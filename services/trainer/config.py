@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from pipelinerl.common.buckets import DEFAULT_BUCKET_BYTES
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.trainer.deepspeed_learner import ZeroConfig
 from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.weights.buckets import DEFAULT_BUCKET_BYTES
 
 
 class LagPolicy(enum.StrEnum):

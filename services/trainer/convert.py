@@ -5,9 +5,9 @@ from __future__ import annotations
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.status import info_from_status, status_proto
-from pipelinerl.common.weights import Rendezvous, WeightNotice
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
+from pipelinerl.weights.types import Rendezvous, WeightNotice
 
 _DISPOSITIONS = {
     Disposition.ACCEPTED: pb.DISPOSITION_ACCEPTED,

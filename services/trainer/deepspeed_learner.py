@@ -31,12 +31,12 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.batching import StepPlan, plan_step
 from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
 from pipelinerl.trainer.losses import LossStats, policy_loss
+from pipelinerl.weights.buckets import TensorSource
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -36,13 +36,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-from pipelinerl.common.buckets import TensorSource
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.advantages import AdvantageConfig, GroupAdvantages, compute_advantages
 from pipelinerl.trainer.batching import MicroBatch, StepPlan, plan_step
 from pipelinerl.trainer.losses import LossConfig, LossInputs, LossStats, entropy_from_logits, policy_loss
 from pipelinerl.trainer.validation import SampleLimits, check_samples
+from pipelinerl.weights.buckets import TensorSource
 
 if TYPE_CHECKING:
     # Only annotations need transformers, so importing LearnerConfig (service settings) stays light.

@@ -11,11 +11,11 @@ from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.server import Registration
 from pipelinerl.common.types import Sample
-from pipelinerl.common.weights import Receiver
 from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_proto
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
+from pipelinerl.weights.types import Receiver
 
 MAX_SAMPLES_PER_MESSAGE = 4096
 

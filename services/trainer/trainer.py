@@ -29,14 +29,14 @@ from pathlib import Path
 
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
-from pipelinerl.common.publisher import WeightPublisher
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
 from pipelinerl.trainer.checkpoints import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy
 from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 from pipelinerl.trainer.validation import check_sample
+from pipelinerl.weights.publisher import WeightPublisher
+from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
 
 log = get_logger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.common.weights import Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
 
 
 class Disposition(enum.Enum):

@@ -21,13 +21,13 @@ import torch
 
 from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.log import configure_logging
-from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import WeightVersion
-from pipelinerl.common.weights import Checksum, Receiver, WeightChunk, WeightNotice
 from pipelinerl.trainer.server import registration
 from pipelinerl.trainer.types import TrainerStatus
+from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
+from pipelinerl.weights.types import Checksum, Receiver, WeightChunk, WeightNotice
 
 SHAPES = {"embed.weight": (64, 32), "layer.weight": (32, 32), "layer.bias": (32,), "head.weight": (100, 32)}
 

@@ -15,7 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipelinerl.common.errors import Unavailable
 from pipelinerl.common.model import build_preset
-from pipelinerl.common.publisher import PublisherConfig, WeightPublisher
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import Sample, TokenSequence
@@ -26,6 +25,7 @@ from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
 from pipelinerl.trainer.server import registration
 from pipelinerl.trainer.trainer import MAX_FAILED_GROUPS, Trainer, TrainerLoopConfig
 from pipelinerl.trainer.types import Disposition, SampleAck
+from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
 from tests.integration.test_trainer_loop import group
 
 pytestmark = pytest.mark.slow

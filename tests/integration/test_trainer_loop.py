@@ -14,12 +14,12 @@ import yaml
 
 from pipelinerl.common.channel import free_port
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.common.weights import Receiver
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import TrainerSettings
 from pipelinerl.trainer.learner import LearnerConfig
 from pipelinerl.trainer.types import Disposition, SampleAck
+from pipelinerl.weights.types import Receiver
 from tests.integration.processes import start_trainer
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import pytest
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.types import Sample, TokenSequence, WeightVersion
-from pipelinerl.common.weights import Receiver, crc32
 from pipelinerl.trainer import server as trainer_server
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.types import Disposition
+from pipelinerl.weights.types import Receiver, crc32
 from tests.fakes import FakeTrainer
 
 

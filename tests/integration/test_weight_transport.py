@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pipelinerl.common.types import WeightVersion
-from pipelinerl.inference.receiver import WeightReceiver
 from pipelinerl.trainer.client import TrainerClient
+from pipelinerl.weights.receiver import WeightReceiver
 from tests.integration.processes import server_process
 from tests.integration.standin_trainer import expected_weights
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from pipelinerl.common import buckets
 from pipelinerl.common.model import build_preset
 from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner, ZeroConfig
 from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.weights import buckets
 
 LEARNER = LearnerConfig(lr=1e-3, micro_batch_tokens=64)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelinerl.common import buckets as bucketing
 from pipelinerl.common.errors import FailedPrecondition
+from pipelinerl.weights import buckets as bucketing
 
 
 def tensors() -> dict[str, torch.Tensor]:

@@ -29,13 +29,13 @@ except Exception as exc:  # CUDA-only builds raise OSError/RuntimeError on CPU, 
 import pytest_asyncio
 import torch
 
-from pipelinerl.common import buckets as bucketing
 from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.model import build_preset, export_preset
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.inference.vllm_engine import VllmBackend
 from pipelinerl.inference.vllm_worker import layout_to_wire, verified_tensors
+from pipelinerl.weights import buckets as bucketing
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipelinerl.common import buckets as bucketing
-from pipelinerl.common.broadcast import BroadcastGroup, tcp_store
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
-from pipelinerl.common.weights import (
+from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights.broadcast import BroadcastGroup, tcp_store
+from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
     Checksum,
     ChecksumAlgorithm,

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from pipelinerl.common.errors import FailedPrecondition
-from pipelinerl.common.weights import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout, crc32
+from pipelinerl.weights.types import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout, crc32
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pipelinerl.common.weights import Rendezvous
+from pipelinerl.weights.types import Rendezvous
 
 
 def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> dist.TCPStore:

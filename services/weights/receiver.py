@@ -21,12 +21,12 @@ from typing import Protocol
 
 import torch
 
-from pipelinerl.common import buckets as bucketing
-from pipelinerl.common.broadcast import BroadcastGroup, join
 from pipelinerl.common.errors import FailedPrecondition, PipelineError
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
-from pipelinerl.common.weights import Receiver, Rendezvous, WeightChunk, WeightLayout, WeightNotice, crc32
+from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights.broadcast import BroadcastGroup, join
+from pipelinerl.weights.types import Receiver, Rendezvous, WeightChunk, WeightLayout, WeightNotice, crc32
 
 log = get_logger(__name__)
 
