@@ -12,8 +12,8 @@ from pipelinerl.coordinator.config import CoordinatorSettings
 async def build(settings: CoordinatorSettings) -> GrpcServer:
     """The coordinator with its journal and clients; runs start with StartRun. Async because gRPC
     channels belong to the event loop that creates them."""
+    from pipelinerl.coordinator.coordinator import Coordinator
     from pipelinerl.coordinator.journal import Journal
-    from pipelinerl.coordinator.manager import Coordinator
     from pipelinerl.coordinator.pool import InferencePool
     from pipelinerl.coordinator.server import registration
     from pipelinerl.coordinator.submitter import TrainerSubmitter

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from pipelinerl.common.types import FinishReason, TokenSequence
 
-STATES = ("created", "dispatched", "generated", "scored", "trained", "acked")
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -146,10 +144,10 @@ class Journal:
                 (group.prompt_index + 1, run_id),
             )
 
-    def mark_dispatched(self, sample_id: str, server: str) -> None:
+    def mark_dispatched(self, sample_id: str) -> None:
         self._db.execute(
-            "UPDATE attempts SET state = 'dispatched', server = ?, updated_at = ? WHERE sample_id = ?",
-            (server, time.time(), sample_id),
+            "UPDATE attempts SET state = 'dispatched', updated_at = ? WHERE sample_id = ?",
+            (time.time(), sample_id),
         )
 
     def mark_generated(

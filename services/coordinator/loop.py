@@ -6,8 +6,9 @@
 
 When every group in flight waits on the trainer and no more can start (the budget is spent, the
 dataset ended, the slots are full, or a sync round is complete), the trainer is asked to flush:
-it trains the samples it holds as a step of its own, however few, and checkpoints. A run ends
-once every attempt is final and every trained one durable.
+it trains the samples it holds as a step of its own, however few. It ignores a flush while a step
+is under way or due, so the ask is repeated each time a group finishes. A run ends once every
+attempt is final and, after a last flush with a checkpoint, every trained one durable.
 
 Pipeline mode keeps up to `max_in_flight` attempts moving at once, so generation never waits for
 training: weights change under running generations. Sync mode is the conventional baseline on
@@ -55,7 +56,6 @@ class _Counters:
     scored: int = 0
     trained: int = 0
     dropped: int = 0
-    finished: int = 0
 
     @classmethod
     def so_far(cls, counts: dict[str, int]) -> _Counters:
@@ -228,7 +228,6 @@ class RunLoop:
         async with self._slots:
             self._in_flight -= attempts
             self._groups -= 1
-            self._counts.finished += attempts
             self._slots.notify_all()
         self._maybe_flush()  # the trainer ignores a flush while it steps: ask again once it has
 
@@ -255,7 +254,7 @@ class RunLoop:
             await self._release(len(group.attempts))
 
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
-        self._journal.mark_dispatched(attempt.sample_id, "")
+        self._journal.mark_dispatched(attempt.sample_id)
         request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
         try:
             server, completion = await self._pool.generate(request)

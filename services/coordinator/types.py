@@ -1,4 +1,5 @@
-"""What the coordinator servicer needs from the run manager, free of protobuf and grpc."""
+"""Domain types of the coordinator, and the core the servicer calls (`coordinator.Coordinator`),
+free of protobuf and grpc."""
 
 from __future__ import annotations
 
@@ -32,11 +33,15 @@ class RunSpec:
     """`builtin:<task>` or a path to a local JSONL/parquet file."""
     group_size: int = 8
     max_samples: int = 0
-    """Stop after this many trained samples; 0 means no limit."""
+    """Draw no new group once this many attempts have been drawn, counted across restarts (a
+    group is drawn whole, so the last may pass it); the run completes once every attempt is
+    final. 0 means no limit."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     mode: Mode = Mode.PIPELINE
     max_in_flight: int = 64
+    """Most attempts between dispatch and final ack; in sync mode, the attempts of one round."""
     seed: int = 0
+    """Seeds the built-in tasks' problems and the shuffle of a file dataset."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class RunInfo:
 
 
 class CoordinatorCore(Protocol):
-    """The run manager as the servicer sees it."""
+    """The coordinator as the servicer sees it."""
 
     async def start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
         """Start, or return the run already started under this id (idempotent)."""

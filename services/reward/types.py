@@ -1,7 +1,8 @@
-"""Domain types of the reward service: what is scored, and what comes back.
+"""Domain types of the reward service: what is scored, what comes back, and the scorer's interface.
 
-They are plain dataclasses so the scorer can pickle them to its worker processes; `server.py`
-converts them to and from `pipelinerl.reward.v1` messages.
+Plain picklable dataclasses: the scorer sends items to its worker processes and results back
+through pipes. `convert.py` converts them to and from `pipelinerl.reward.v1` messages, for the
+servicer and the client alike.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ class ScoreItem:
     answer: str
     verifier: str
     """Name of the correctness verifier, for example `math` or `exact`."""
-    metadata: dict[str, str] = field(default_factory=dict)
-    """Carried with the item for the caller's bookkeeping; verifiers do not read it."""
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,18 @@ def test_a_resumed_run_counts_what_the_journal_holds(tmp_path: Path) -> None:
     progress = loop.progress()
     assert (progress.dispatched, progress.generated, progress.scored) == (9, 5, 4)
     assert (progress.trained, progress.dropped) == (1, 1)
+
+
+def test_a_dispatched_attempt_is_generated_again_after_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    journal.create_run("r", {"dataset": "builtin:copy:2"})
+    journal.add_group("r", group(0))
+    journal.mark_dispatched("r-p0-a0")
+    journal.close()
+
+    reopened = Journal(path)
+    [unfinished] = list(reopened.unfinished_groups("r"))
+    dispatched = next(a for a in unfinished.attempts if a.sample_id == "r-p0-a0")
+    assert dispatched.state == "dispatched" and dispatched.completion is None
+    assert reopened.counts("r") == {"dispatched": 1, "created": 2}

@@ -51,7 +51,7 @@ async def test_scores_math_items_in_request_order(scorer: Scorer) -> None:
     items = [
         ScoreItem("right", "1/2 as a decimal?", r"It is \boxed{0.5}", r"\frac{1}{2}", "math"),
         ScoreItem("wrong", "1/2 as a decimal?", r"It is \boxed{0.2}", r"\frac{1}{2}", "math"),
-        ScoreItem("digits", "Copy 1234", "1294", "1234", "digits", metadata={"task": "copy"}),
+        ScoreItem("digits", "Copy 1234", "1294", "1234", "digits"),
     ]
     results = await scorer.score(items)
     assert [result.sample_id for result in results] == ["right", "wrong", "digits"]
