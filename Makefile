@@ -4,19 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
+PYRIGHT_VERSION := 1.1.414
+PYRIGHT := .tools/node_modules/.bin/pyright
 # The CPU build of torch; a bare `torch` requirement would pull several GB of CUDA wheels.
 TORCH_SPEC := torch==2.13.0
 
-.PHONY: run test lint protos check-protos lint-protos venv clean vllm-env vllm-test
+# A strict editable install: a plain .pth names build/__editable__.pipelinerl-*/, a tree of links
+# to the files under services/, which IDEs and type checkers follow (an import hook they cannot).
+EDITABLE := --config-settings editable_mode=strict
+# Every file the link tree must hold; when the list changes, the tree is made again.
+MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
+
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed]"
+	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed]" $(EDITABLE)
 	touch $@
 
+# Links a module added (or drops one removed) since the last install; quick, no dependencies.
 venv: $(BIN)/pipelinerl
+	@echo "$(MODULES)" > $(VENV)/modules.new
+	@cmp -s $(VENV)/modules.new $(VENV)/modules || { \
+		$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE) && mv $(VENV)/modules.new $(VENV)/modules; }
 
 # The main job: one asynchronous RL run on the built-in task (see README, Quick start).
 run: venv
@@ -50,9 +62,16 @@ lint-protos: $(BUF)
 	cd protos && ../$(BUF) lint
 	$(BUF) breaking protos --against '.git#branch=main,subdir=protos'
 
-lint: venv lint-protos check-protos
+$(PYRIGHT):
+	npm install --silent --no-audit --no-fund --prefix .tools pyright@$(PYRIGHT_VERSION)
+
+# pyrightconfig.json: services/ and benchmarks/, against .venv (and .venv-vllm for vllm's modules).
+typecheck: venv $(PYRIGHT)
+	$(PYRIGHT)
+
+lint: venv lint-protos check-protos typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .tools .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache

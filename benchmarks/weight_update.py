@@ -10,7 +10,7 @@ engine decoding fixed-length requests, with a WeightReceiver following the train
       step's end time and weight version                  nudge weights (a stand-in optimizer step)
     WeightReceiver ◄── WatchWeights (gRPC) ─────────────  WeightPublisher.publish: pack + CRC-32
                    ◄── gloo broadcast of the buckets ───  announce loop: broadcast to the member
-      verify CRC-32 ──► engine.load_weights(v)            ──pipe─► publisher stats of version v
+      verify CRC-32 ──► engine.stage_weights(v)           ──pipe─► publisher stats of version v
       next step swaps v in between two decode steps
 
 Updates are sent one at a time, each once the previous one has been swapped in and decoding has
@@ -30,12 +30,6 @@ gone on a few steps, so every swap is measured on its own. Figures, side by side
 - tokens_lost: tokens asked for minus tokens received over all requests (must be 0);
   versions_seen_per_request shows that every request decoded across every update.
 
-Diagnostics, to tell the transport's own cost from the machine's: raw_broadcast_decoding_* repeat
-the plain broadcast while the engine decodes a batch (as during the updates), once into a reused
-receive tensor and once (`_fresh`) into a newly allocated one per repeat, as the WeightReceiver
-allocates its buckets per version; inference_page_faults_each counts this process's minor page
-faults from each publish to its swap.
-
 Every process uses --threads torch threads (default 1: the two processes share two cores).
 Progress goes to stderr; the last line of stdout is one JSON object:
 
@@ -50,12 +44,10 @@ import itertools
 import json
 import multiprocessing as mp
 import random
-import resource
 import statistics
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -63,10 +55,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from standin import PublisherOnlyTrainer
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.common.channel import ChannelConfig
-from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.model import build_tokenizer, preset_config
 from pipelinerl.common.server import GrpcServer
@@ -76,17 +68,16 @@ from pipelinerl.inference.engine import EngineConfig, InferenceEngine
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.server import registration
-from pipelinerl.trainer.types import TrainerStatus
-from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
+from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights.publisher import WeightPublisher
 from pipelinerl.weights.receiver import WeightReceiver
-from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.settings import PublisherSettings
+from pipelinerl.weights.types import WeightLayout
 
 log = get_logger("benchmarks.weight_update")
 
 RUN_ID = "bench"
 ALPHABET = "0123456789+-*/= abcdefghijklmnopqrstuvwxyz?"
-LOAD_NEW_TOKENS = 1000
-"""Tokens per request of the decoding load, more than the load lasts (it is aborted after)."""
 WAIT_S = 120.0
 """Longest wait for any one event (a broadcast, a swap); a slower run is broken, not slow."""
 
@@ -128,27 +119,6 @@ def parameter_bytes(model: PreTrainedModel) -> tuple[int, int]:
 # ---- trainer process ---------------------------------------------------------------------------
 
 
-class PublisherOnlyTrainer:
-    """The weight-serving half of a trainer core: what `registration` needs, no training."""
-
-    def __init__(self, publisher: WeightPublisher) -> None:
-        self.publisher = publisher
-        self.version = 0
-
-    async def admit(self, samples, on_ack) -> None:  # type: ignore[no-untyped-def]
-        raise FailedPrecondition("this benchmark's trainer does not train")
-
-    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
-        return self.publisher.watch(receiver)
-
-    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
-        return self.publisher.fetch(version, buckets)
-
-    def status(self) -> TrainerStatus:
-        version = WeightVersion(self.version, RUN_ID)
-        return TrainerStatus(version, 0, 0, 0, 0, 0.0, self.publisher.watchers)
-
-
 def trainer_main(conn: Connection, args: argparse.Namespace) -> None:
     """Entry point of the spawned trainer process; obeys the main process's messages on `conn`."""
     configure_logging("trainer")
@@ -158,9 +128,9 @@ def trainer_main(conn: Connection, args: argparse.Namespace) -> None:
 
 async def _serve_trainer(conn: Connection, args: argparse.Namespace) -> None:
     model = build_model(args, build_tokenizer())
-    publisher = WeightPublisher(PublisherConfig(RUN_ID, broadcast_timeout_s=WAIT_S))
+    publisher = WeightPublisher(PublisherSettings(broadcast_timeout_s=WAIT_S), RUN_ID)
     await publisher.start()
-    core = PublisherOnlyTrainer(publisher)
+    core = PublisherOnlyTrainer(publisher, RUN_ID)
     server = GrpcServer(ServiceSettings(port=0, drain_seconds=1), [registration(core)])
     await server.start()
     conn.send(("ready", server.port))
@@ -292,27 +262,6 @@ async def start_decoding(
     return decoder
 
 
-@asynccontextmanager
-async def decoding_load(args: argparse.Namespace, engine: InferenceEngine) -> AsyncIterator[None]:
-    """The engine decodes a batch, as it does during the updates, while the body runs."""
-    requests = make_requests(args, engine.tokenizer, "load", LOAD_NEW_TOKENS)
-    decoder = await start_decoding(args, engine, requests)
-    first = len(decoder.steps)
-    yield
-    if not decoder.running:
-        raise RuntimeError("the decoding load ended before the measurement under load did")
-    ends = [s.end for s in decoder.steps[first - 1 :]]
-    step_ms = statistics.median(b - a for a, b in itertools.pairwise(ends)) * 1e3
-    log.info("decoding load", steps=len(ends) - 1, median_step_ms=round(step_ms, 1))
-    for request in requests:
-        engine.abort(request.request_id)
-    await asyncio.to_thread(decoder.join)
-
-
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 async def wait_for(condition: Callable[[], bool], what: str, decoder: Decoder | None = None) -> None:
     """Poll `condition` until true; fail if decoding ended first or it takes longer than WAIT_S."""
     deadline = time.perf_counter() + WAIT_S
@@ -335,8 +284,8 @@ async def run_updates(
     """Decode the requests while `args.updates` versions are published, received and swapped in."""
     trainer = TrainerClient(ChannelConfig(f"127.0.0.1:{port}"))
 
-    async def apply(version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
-        engine.load_weights(tensors, version.version)
+    async def apply(version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]) -> None:
+        engine.stage_weights(bucketing.unpack(layout, buckets), version.version)
 
     receiver = WeightReceiver(trainer, "bench-inference", apply)
     follow = asyncio.create_task(receiver.run())
@@ -359,14 +308,11 @@ async def update_once(
     args: argparse.Namespace, conn: Connection, decoder: Decoder, version: int
 ) -> dict[str, float]:
     """Have the trainer publish `version`; return once it is swapped in and decoding has gone on."""
-    faults = minor_faults()
     conn.send(("publish", version))
     published = await receive(conn)
     log.info("broadcast ended", **published)
     engine = decoder.engine
     await wait_for(lambda: engine.weight_version == version, f"the swap of v{version}", decoder)
-    # This process's page faults from publish to swap: mostly the receiver's new buckets.
-    published["inference_faults"] = minor_faults() - faults
     # Quiet steps after each swap keep the next update's traffic out of this swap's step gap.
     swapped_at = len(decoder.steps)
     await wait_for(lambda: len(decoder.steps) >= swapped_at + args.settle_steps, "later steps", decoder)
@@ -389,18 +335,15 @@ async def wait_for_watcher(trainer: TrainerClient) -> None:
         await asyncio.sleep(0.02)
 
 
-async def raw_broadcast(conn: Connection, num_bytes: int, repeats: int, fresh: bool) -> list[float]:
+async def raw_broadcast(conn: Connection, num_bytes: int, repeats: int) -> list[float]:
     """Rank 1 of the plain broadcast (this process hosts its store); returns the sender's seconds.
-    The receive tensor is zeroed once (pages touched) and reused, or with `fresh` allocated anew
-    for every repeat, as the WeightReceiver allocates its buckets for every version."""
+    The receive tensor is zeroed once (pages touched) and reused, as the receiver reuses its buckets."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=WAIT_S))
     conn.send(("raw", store.port, num_bytes, repeats))
     await asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=1, world_size=2)
     try:
         tensor = torch.zeros(num_bytes, dtype=torch.uint8)
         for _ in range(repeats):
-            if fresh:
-                tensor = torch.empty(num_bytes, dtype=torch.uint8)
             await asyncio.to_thread(dist.barrier)
             await asyncio.to_thread(dist.broadcast, tensor, 0)
         return await receive(conn)
@@ -445,7 +388,7 @@ def report(
     sizes: tuple[int, int],
     decoder: Decoder,
     published: list[dict[str, float]],
-    raw_s: dict[str, list[float]],
+    raw_s: list[float],
     memcpy_s: float,
 ) -> dict[str, object]:
     params, num_bytes = sizes
@@ -456,8 +399,8 @@ def report(
     if not broadcast:
         raise RuntimeError("no broadcast succeeded: the receiver fetched every version")
     library = statistics.median(p["gib_per_s"] for p in broadcast)
-    raw = {name: [num_bytes / 2**30 / s for s in seconds] for name, seconds in raw_s.items()}
-    raw_median = {name: statistics.median(rates) for name, rates in raw.items()}
+    raw = [num_bytes / 2**30 / s for s in raw_s]
+    raw_median = statistics.median(raw)
     tokens_lost, versions_seen = token_counts(args, decoder)
     return {
         "stall_ms": round(stall_ms, 1),
@@ -465,8 +408,8 @@ def report(
         "memcpy_ms": round(memcpy_ms, 1),
         "stall_ratio": round(stall_ms / memcpy_ms, 2),
         "broadcast_gib_per_s": round(library, 3),
-        "raw_broadcast_gib_per_s": round(raw_median["idle"], 3),
-        "broadcast_ratio": round(library / raw_median["idle"], 2),
+        "raw_broadcast_gib_per_s": round(raw_median, 3),
+        "broadcast_ratio": round(library / raw_median, 2),
         "tokens_lost": tokens_lost,
         "params": params,
         "bytes": num_bytes,
@@ -477,13 +420,7 @@ def report(
         "median_step_ms": round(median_step * 1e3, 1),
         "broadcast_gib_per_s_each": [round(p["gib_per_s"], 3) for p in broadcast],
         "broadcast_measured_by": "publisher stats.last_broadcast_gib_per_s (trainer side), during decoding",
-        "raw_broadcast_gib_per_s_each": [round(r, 3) for r in raw["idle"]],
-        "raw_broadcast_decoding_gib_per_s": round(raw_median["decoding"], 3),
-        "raw_broadcast_decoding_gib_per_s_each": [round(r, 3) for r in raw["decoding"]],
-        "raw_broadcast_decoding_fresh_gib_per_s": round(raw_median["decoding_fresh"], 3),
-        "raw_broadcast_decoding_fresh_gib_per_s_each": [round(r, 3) for r in raw["decoding_fresh"]],
-        "broadcast_ratio_decoding": round(library / raw_median["decoding"], 2),
-        "inference_page_faults_each": [int(p["inference_faults"]) for p in published],
+        "raw_broadcast_gib_per_s_each": [round(r, 3) for r in raw],
         "pack_s_each": [round(p["pack_s"], 3) for p in published],
         "failed_broadcasts": len(published) - len(broadcast),
         "requests": args.requests,
@@ -506,12 +443,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         _, port = await receive(conn)  # type: ignore[misc]
         decoder, published = await run_updates(args, conn, port, engine)
-        raw_s = {"idle": await raw_broadcast(conn, sizes[1], args.repeats, fresh=False)}
-        # The library's broadcasts run while the engine decodes on one of the cores; these two
-        # separate that contention, and the receiver's fresh buckets, from the library itself.
-        async with decoding_load(args, engine):
-            raw_s["decoding"] = await raw_broadcast(conn, sizes[1], args.repeats, fresh=False)
-            raw_s["decoding_fresh"] = await raw_broadcast(conn, sizes[1], args.repeats, fresh=True)
+        raw_s = await raw_broadcast(conn, sizes[1], args.repeats)
         conn.send(("stop",))
     finally:
         await asyncio.to_thread(trainer.join, 30)

@@ -23,8 +23,8 @@ from pipelinerl.weights.types import (
     BucketSpec,
     Checksum,
     ChecksumAlgorithm,
-    Receiver,
     TensorSpec,
+    WatchRequest,
     WeightChunk,
     WeightLayout,
     WeightNotice,
@@ -147,7 +147,7 @@ class FakeTrainer:
         bucket = BucketSpec(0, len(self.data), Checksum(ChecksumAlgorithm.CRC32, crc32(self.data)))
         return WeightNotice(WeightVersion(self.version, "fake"), WeightLayout((tensor,), (bucket,)))
 
-    async def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+    async def watch(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         yield self._notice()
 
     async def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:

@@ -5,7 +5,7 @@ its own loop and routes the outputs; tests drive it directly.
 
     add_request ──► validate ──► queue (≤ max_queued) ─┐
     abort ────────► pending aborts ────────────────────┤        (under a lock: any thread)
-    load_weights ─► validate ──► staged (version v+1) ─┤
+    stage_weights ─► validate ──► staged (version v+1) ─┤
                                                        ▼
     step()  1. swap staged weights into the model, in place: running sequences keep their KV
                cache and continue on the new weights; later tokens carry the new version
@@ -100,7 +100,7 @@ class EngineStats:
 
 
 class InferenceEngine:
-    """Continuous batching over `model`. `add_request`, `abort`, `load_weights` and `stats` may be
+    """Continuous batching over `model`. `add_request`, `abort`, `stage_weights` and `stats` may be
     called from any thread; `step` from one thread at a time."""
 
     def __init__(
@@ -158,7 +158,7 @@ class InferenceEngine:
             self._aborts.add(request_id)
             return True
 
-    def load_weights(
+    def stage_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Stage weights of `version`; the next `step` copies them into the model before it decodes.

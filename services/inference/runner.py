@@ -1,7 +1,7 @@
 """The built-in engine behind the servicer: a thread that steps the engine, and asyncio plumbing
 that routes each step's updates to the request that owns them.
 
-    generate(req) ──add_request──► InferenceEngine ◄──load_weights── apply_weights(v, tensors)
+    generate(req) ──add_request──► InferenceEngine ◄──stage_weights── apply_weights(v, layout, buckets)
          ▲                              │ step() in the engine thread (wakes on new work)
          └── per-request queue ◄── call_soon_threadsafe(updates)
 
@@ -25,7 +25,9 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.receiver import WeightReceiver
+from pipelinerl.weights.types import WeightLayout
 
 log = get_logger(__name__)
 
@@ -93,10 +95,12 @@ class EngineRunner:
                 self.engine.abort(request.request_id)
                 self._wake.set()
 
-    async def apply_weights(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
-        """Stage a verified version and return once the engine has swapped it in (between two
-        decode steps): the caller may then reuse the tensors' memory for the next version."""
-        self.engine.load_weights(tensors, version.version)
+    async def apply_weights(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
+    ) -> None:
+        """The receiver's `ApplyWeights`: stage a verified version and return once the engine has
+        swapped it in (between two decode steps), so the caller may reuse the buckets' memory."""
+        self.engine.stage_weights(bucketing.unpack(layout, buckets), version.version)
         self.run_id = version.run_id
         self._wake.set()
         while self._failure is None and self._version < version.version:

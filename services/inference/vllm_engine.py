@@ -4,10 +4,9 @@
          ▲                              │ vLLM's own continuous batching, engine core process
          └── GenerationUpdate ◄── token ids + processed logprobs + weight version per token
 
-    apply_weights(v, tensors) ──pack into CRC-32'd byte buckets──┐
-    apply_buckets(v, layout, buckets) ───────────────────────────┤   (one update at a time)
-         pause_generation(mode="keep", clear_cache=False)       ◄┘   running requests freeze, KV kept
-         collective_rpc("pipelinerl_load_weights")  ── every worker verifies, then reload_weights
+    apply_weights(v, layout, buckets)  ── the receiver's verified buckets, one update at a time
+         pause_generation(mode="keep", clear_cache=False)       running requests freeze, KV kept
+         collective_rpc("pipelinerl_apply_weights") ── every worker verifies, then reload_weights
          update_weight_version(str(v))              ── the engine core stamps later steps with v
          resume_generation()                        ── the same requests continue on version v
 
@@ -48,7 +47,6 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
 from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
-from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.types import WeightLayout
 
 if TYPE_CHECKING:
@@ -225,19 +223,12 @@ class VllmBackend:
 
     # ---- weight updates -----------------------------------------------------------------------
 
-    async def apply_weights(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
-        """Load a verified version (the receiver's `apply`); returns once every worker holds it.
-
-        The tensors are packed again into checksummed buckets because they must cross into vLLM's
-        engine process as bytes, and the workers check what they receive before using it."""
-        layout = bucketing.plan_layout(tensors.items())
-        buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, layout)
-        await self.apply_buckets(version, layout, buckets)
-
-    async def apply_buckets(
+    async def apply_weights(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
     ) -> None:
-        """Load one version given as byte buckets and their layout (with checksums).
+        """Load one version given as byte buckets and their layout (the receiver's `ApplyWeights`);
+        returns once every worker holds it. The buckets cross into vLLM's engine process as bytes,
+        as they are, and every worker checks them again before using them.
 
         Raises FailedPrecondition, and keeps serving the old version, if the version is not newer
         or any worker refuses it (bad checksum, unknown tensor, wrong shape)."""
@@ -253,7 +244,7 @@ class VllmBackend:
             self._salt_version = version.version
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self.llm.collective_rpc("pipelinerl_load_weights", args=(version.version, wire, data))
+                await self.llm.collective_rpc("pipelinerl_apply_weights", args=(version.version, wire, data))
                 await self.llm.update_weight_version(str(version.version))
                 self._version = version.version
                 self.run_id = version.run_id

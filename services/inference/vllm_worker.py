@@ -1,7 +1,7 @@
 """The vLLM worker extension that loads a weight version into every vLLM worker.
 
-    VllmBackend.apply_weights ──collective_rpc("pipelinerl_load_weights", layout, buckets)──►
-        each worker: layout_from_wire ─► verify EVERY bucket's CRC-32 and size ─► tensors_of (views)
+    VllmBackend.apply_weights ──collective_rpc("pipelinerl_apply_weights", layout, buckets)──►
+        each worker: layout_from_wire ─► verify EVERY bucket's CRC-32 and size ─► unpack (views)
                      ─► Worker.reload_weights(weights_iterator=...) ─► the model holds version v
 
 vLLM mixes `worker_extension_cls` into its Worker class, so these methods run inside the worker
@@ -69,16 +69,13 @@ def verified_tensors(wire: WireLayout, buckets: list[bytes]) -> dict[str, torch.
     tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in buckets]
     for index, bucket in enumerate(tensors):
         bucketing.verify(layout, index, bucket)
-    named: dict[str, torch.Tensor] = {}
-    for index, bucket in enumerate(tensors):
-        named.update(bucketing.tensors_of(layout, index, bucket))
-    return named
+    return bucketing.unpack(layout, tensors)
 
 
 class WeightUpdateExtension:
     """Mixed into vLLM's Worker (`worker_extension_cls`); `self` is the Worker at run time."""
 
-    def pipelinerl_load_weights(self, version: int, wire: WireLayout, buckets: list[bytes]) -> int:
+    def pipelinerl_apply_weights(self, version: int, wire: WireLayout, buckets: list[bytes]) -> int:
         """Verify, then load version `version`; returns the number of tensors loaded.
 
         Raises FailedPrecondition, with the model untouched, if any bucket does not match."""

@@ -62,21 +62,11 @@ async def build(settings: TrainerSettings) -> GrpcServer:
     """Load the model, resume from the latest checkpoint, publish the current version, serve."""
     from pipelinerl.trainer.server import registration
     from pipelinerl.trainer.trainer import Trainer, TrainerLoopConfig
-    from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
+    from pipelinerl.weights.publisher import WeightPublisher
 
     bind_context(run=settings.run_id)
     learner = build_learner(settings)
-    publisher = WeightPublisher(
-        PublisherConfig(
-            run_id=settings.run_id,
-            bucket_bytes=settings.bucket_bytes,
-            broadcast_backend=None if settings.broadcast_backend == "none" else settings.broadcast_backend,
-            store_host=settings.host,
-            store_port=settings.store_port,
-            advertise_host=settings.advertise_host,
-            broadcast_timeout_s=settings.broadcast_timeout_s,
-        )
-    )
+    publisher = WeightPublisher(settings, settings.run_id, store_host=settings.host)
     await publisher.start()
     loop_config = TrainerLoopConfig(
         samples_per_step=settings.samples_per_step,

@@ -13,7 +13,7 @@ from pipelinerl.trainer.convert import ack_from_proto, notice_from_proto, status
 from pipelinerl.trainer.types import SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
-from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class TrainerClient(ServiceClient):
             async for response in self._stub.SubmitSamples(requests()):
                 yield [ack_from_proto(ack) for ack in response.acks], response.durable_version
 
-    async def watch_weights(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+    async def watch_weights(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         request = pb.WatchWeightsRequest(
             receiver_id=receiver.receiver_id,
             current_version=receiver.current_version,

@@ -13,7 +13,7 @@ from pydantic_settings import SettingsConfigDict
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.trainer.deepspeed_learner import ZeroConfig
 from pipelinerl.trainer.learner import LearnerConfig
-from pipelinerl.weights.buckets import DEFAULT_BUCKET_BYTES
+from pipelinerl.weights.settings import PublisherSettings
 
 
 class LagPolicy(enum.StrEnum):
@@ -31,8 +31,9 @@ class LagPolicy(enum.StrEnum):
     bounds its influence."""
 
 
-class TrainerSettings(ServiceSettings):
-    """The trainer: admits scored samples, takes optimizer steps, publishes every version."""
+class TrainerSettings(ServiceSettings, PublisherSettings):
+    """The trainer: admits scored samples, takes optimizer steps, publishes every version (the
+    publisher's settings, from `PublisherSettings`, are the trainer's own)."""
 
     model_config = SettingsConfigDict(env_prefix="PIPELINERL_TRAINER_")
 
@@ -80,13 +81,3 @@ class TrainerSettings(ServiceSettings):
     """Save a checkpoint every this many versions."""
     metrics_file: Path | None = None
     """Append one JSON line of metrics per optimizer step here."""
-    broadcast_backend: Literal["gloo", "nccl", "none"] = "gloo"
-    """How versions reach inference servers besides FetchWeights: gloo (CPU), nccl (GPU), none."""
-    bucket_bytes: int = Field(default=DEFAULT_BUCKET_BYTES, ge=1024)
-    """Size of the flat buckets weights move in."""
-    store_port: int = Field(default=0, ge=0, le=65535)
-    """Port of the broadcast rendezvous store; 0 picks a free one."""
-    advertise_host: str = "127.0.0.1"
-    """Host inference servers use to reach the rendezvous store."""
-    broadcast_timeout_s: float = Field(default=60.0, gt=0)
-    """A broadcast slower than this fails; receivers then fetch."""

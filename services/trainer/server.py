@@ -15,7 +15,7 @@ from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
-from pipelinerl.weights.types import Receiver
+from pipelinerl.weights.types import WatchRequest
 
 MAX_SAMPLES_PER_MESSAGE = 4096
 
@@ -95,7 +95,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> AsyncIterator[pb.WatchWeightsResponse]:
         if not request.receiver_id:
             raise InvalidArgument.field("receiver_id", "must not be empty")
-        receiver = Receiver(request.receiver_id, request.current_version, request.accepts_broadcast)
+        receiver = WatchRequest(request.receiver_id, request.current_version, request.accepts_broadcast)
         async for notice in self._core.watch(receiver):
             yield notice_to_proto(notice)
 

@@ -36,7 +36,7 @@ from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 from pipelinerl.trainer.validation import check_sample
 from pipelinerl.weights.publisher import WeightPublisher
-from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 log = get_logger(__name__)
 
@@ -175,7 +175,7 @@ class Trainer:
             await self._changed.wait_for(lambda: self._stopping or self.durable_version > after)
             return self.durable_version
 
-    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+    def watch(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         return self.publisher.watch(receiver)
 
     def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
@@ -183,7 +183,7 @@ class Trainer:
 
     def status(self) -> TrainerStatus:
         return TrainerStatus(
-            version=WeightVersion(self.version, self.publisher.config.run_id),
+            version=WeightVersion(self.version, self.publisher.run_id),
             buffered_samples=self._buffered,
             trained_samples=len(self.trained_ids),
             durable_version=self.durable_version,

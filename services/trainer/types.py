@@ -9,7 +9,7 @@ from typing import Protocol
 
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.weights.types import Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 
 class Disposition(enum.Enum):
@@ -80,7 +80,7 @@ class TrainerCore(Protocol):
         """Returns `durable_version` once it exceeds `after` (or the trainer stops)."""
         ...
 
-    def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+    def watch(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         """The current version at once, then every new one."""
         ...
 

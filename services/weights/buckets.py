@@ -2,7 +2,7 @@
 
     named tensors ──plan_layout──► WeightLayout (names, shapes, dtypes, bucket, offset)
                   ──pack────────► [uint8 bucket 0, bucket 1, ...] + CRC-32 per bucket
-    bucket bytes  ──verify──► ──tensors_of──► {name: tensor view into the bucket}
+    bucket bytes  ──verify──► ──unpack──► {name: tensor view into its bucket}
 
 Weights move as a handful of large buffers rather than one message per parameter: one broadcast
 or one chunk stream per bucket, and one checksum per bucket checked before any tensor is used.
@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 
 from pipelinerl.common.errors import FailedPrecondition
+from pipelinerl.weights.settings import DEFAULT_BUCKET_BYTES
 from pipelinerl.weights.types import BucketSpec, Checksum, ChecksumAlgorithm, TensorSpec, WeightLayout, crc32
 
-DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ALIGN = 64  # keeps every tensor view aligned for vectorised copies
 
@@ -104,6 +104,14 @@ def verify(layout: WeightLayout, index: int, bucket: torch.Tensor) -> None:
         raise FailedPrecondition(f"bucket {index}: unsupported checksum {spec.checksum.algorithm.value}")
     if checksum_of(bucket) != spec.checksum.value:
         raise FailedPrecondition(f"bucket {index}: checksum mismatch")
+
+
+def unpack(layout: WeightLayout, buckets: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Views (no copies) of every tensor of a version, from all its buckets."""
+    named: dict[str, torch.Tensor] = {}
+    for index, bucket in enumerate(buckets):
+        named.update(tensors_of(layout, index, bucket))
+    return named
 
 
 def tensors_of(layout: WeightLayout, index: int, bucket: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -31,12 +31,13 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.broadcast import BroadcastGroup, tcp_store
+from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
     Checksum,
     ChecksumAlgorithm,
-    Receiver,
     Rendezvous,
+    WatchRequest,
     WeightChunk,
     WeightLayout,
     WeightNotice,
@@ -44,26 +45,6 @@ from pipelinerl.weights.types import (
 )
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class PublisherConfig:
-    run_id: str
-    """Identifies the trainer run; receivers refuse versions of another run."""
-    bucket_bytes: int = bucketing.DEFAULT_BUCKET_BYTES
-    """Size of the flat buckets weights move in."""
-    broadcast_backend: str | None = "gloo"
-    """`gloo` (CPU), `nccl` (GPU), or None to serve FetchWeights only."""
-    store_host: str = "127.0.0.1"
-    """Address the rendezvous TCPStore binds."""
-    store_port: int = 0
-    """Port of the TCPStore; 0 picks a free one."""
-    advertise_host: str = "127.0.0.1"
-    """Host receivers connect to for the rendezvous (the trainer's address as they see it)."""
-    broadcast_timeout_s: float = 60.0
-    """A rendezvous or broadcast slower than this fails; receivers then fetch."""
-    keep_versions: int = 2
-    """Packed versions kept for FetchWeights (a receiver mid-fetch keeps its version)."""
 
 
 @dataclass
@@ -93,8 +74,13 @@ class _Watcher:
 
 
 class WeightPublisher:
-    def __init__(self, config: PublisherConfig) -> None:
-        self.config = config
+    def __init__(self, settings: PublisherSettings, run_id: str, store_host: str = "127.0.0.1") -> None:
+        self.settings = settings
+        self.run_id = run_id
+        """Identifies the trainer run; receivers refuse versions of another run."""
+        self.store_host = store_host
+        """Address the rendezvous TCPStore binds."""
+        self._backend = None if settings.broadcast_backend == "none" else settings.broadcast_backend
         self.stats = PublisherStats()
         self._versions: OrderedDict[int, _Packed] = OrderedDict()
         self._latest: _Packed | None = None
@@ -120,13 +106,13 @@ class WeightPublisher:
         return len(self._watchers)
 
     async def start(self) -> None:
-        if self.config.broadcast_backend is not None:
+        if self._backend is not None:
             self._store = await asyncio.to_thread(
                 tcp_store,
-                self.config.store_host,
-                self.config.store_port,
+                self.store_host,
+                self.settings.store_port,
                 True,
-                self.config.broadcast_timeout_s,
+                self.settings.broadcast_timeout_s,
             )
         self._loop_task = asyncio.create_task(self._announce_loop())
 
@@ -143,18 +129,18 @@ class WeightPublisher:
         started = time.perf_counter()
         specs = bucketing.named_specs(tensors)
         if self._layout_plan is None or [t.name for t in self._layout_plan.tensors] != [n for n, _ in specs]:
-            self._layout_plan = bucketing.plan_layout(specs, self.config.bucket_bytes)
+            self._layout_plan = bucketing.plan_layout(specs, self.settings.bucket_bytes)
         buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, self._layout_plan)
-        packed = _Packed(WeightVersion(version, self.config.run_id), layout, buckets)
+        packed = _Packed(WeightVersion(version, self.run_id), layout, buckets)
         self._versions[version] = packed
-        while len(self._versions) > self.config.keep_versions:
+        while len(self._versions) > self.settings.keep_versions:
             self._versions.popitem(last=False)
         self._latest = packed
         self.stats.published += 1
         self.stats.last_pack_s = time.perf_counter() - started
         self._wakeup.set()
 
-    async def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
+    async def watch(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         """The current version at once (fetch only: the receiver is not in a group yet), then each new one."""
         receiver_id = receiver.receiver_id
         self._registrations += 1
@@ -170,10 +156,8 @@ class WeightPublisher:
                 del self._watchers[receiver_id]
 
     async def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
-        if version.run_id and version.run_id != self.config.run_id:
-            raise FailedPrecondition(
-                f"run {version.run_id!r} is not this trainer's run {self.config.run_id!r}"
-            )
+        if version.run_id and version.run_id != self.run_id:
+            raise FailedPrecondition(f"run {version.run_id!r} is not this trainer's run {self.run_id!r}")
         packed = self._versions.get(version.version)
         if packed is None:
             held = sorted(self._versions)
@@ -212,7 +196,7 @@ class WeightPublisher:
             return
         if tuple(members) != self._membership or self._group is None:
             self._group, self._membership, self._epoch = None, tuple(members), self._epoch + 1
-        name = f"{self.config.run_id}-{self._token}-m{self._epoch}"
+        name = f"{self.run_id}-{self._token}-m{self._epoch}"
         for watcher in list(self._watchers.values()):
             rendezvous = None
             if (key := f"{watcher.receiver_id}#{watcher.serial}") in self._membership:
@@ -228,15 +212,15 @@ class WeightPublisher:
             )
 
     def _rendezvous(self, name: str, rank: int) -> Rendezvous:
-        assert self.config.broadcast_backend is not None
+        assert self._backend is not None
         return Rendezvous(
-            backend=self.config.broadcast_backend,
-            host=self.config.advertise_host,
+            backend=self._backend,
+            host=self.settings.advertise_host,
             port=self.store_port,
             group_name=name,
             world_size=1 + len(self._membership),
             rank=rank,
-            timeout_ms=int(self.config.broadcast_timeout_s * 1000),
+            timeout_ms=int(self.settings.broadcast_timeout_s * 1000),
         )
 
     def _broadcast(self, packed: _Packed, rendezvous: Rendezvous) -> None:

@@ -26,20 +26,20 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.broadcast import BroadcastGroup, join
-from pipelinerl.weights.types import Receiver, Rendezvous, WeightChunk, WeightLayout, WeightNotice, crc32
+from pipelinerl.weights.types import Rendezvous, WatchRequest, WeightChunk, WeightLayout, WeightNotice, crc32
 
 log = get_logger(__name__)
 
-# Must return only once the tensors have been copied out: their memory is reused for the next version.
-ApplyWeights = Callable[[WeightVersion, dict[str, torch.Tensor]], Awaitable[None]]
+ApplyWeights = Callable[[WeightVersion, WeightLayout, list[torch.Tensor]], Awaitable[None]]
+"""The engine-facing seam: load a version given as its verified buckets and their layout. Returns
+only once the engine has copied the version out: the buckets' memory is reused for the next one.
+Raises PipelineError (old weights kept) if the engine refuses the version."""
 
 
 class WeightSource(Protocol):
     """What the receiver needs of the trainer (its gRPC client, or the publisher in-process)."""
 
-    def watch_weights(
-        self, receiver_id: str, current_version: int, accepts_broadcast: bool
-    ) -> AsyncIterator[WeightNotice]: ...
+    def watch_weights(self, request: WatchRequest) -> AsyncIterator[WeightNotice]: ...
 
     def fetch_weights(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]: ...
 
@@ -81,8 +81,8 @@ class WeightReceiver:
         while True:
             try:
                 current = -1 if self.version is None else self.version.version
-                receiver = Receiver(self._receiver_id, current, self._accepts_broadcast)
-                async for notice in self._source.watch_weights(receiver):
+                request = WatchRequest(self._receiver_id, current, self._accepts_broadcast)
+                async for notice in self._source.watch_weights(request):
                     await self.receive(notice)
             except asyncio.CancelledError:
                 raise
@@ -109,19 +109,10 @@ class WeightReceiver:
             if missing:
                 await self._fetch(notice.version, layout, buckets, missing)
         except PipelineError as exc:
-            self.stats.failed_updates += 1
-            self.stats.last_error = exc.message
-            log.error(
-                "weight update failed; keeping the old weights",
-                version=notice.version.version,
-                error=exc.message,
-            )
+            self._fail(notice.version, exc.message)
             return False
-        tensors: dict[str, torch.Tensor] = {}
-        for index, bucket in enumerate(buckets):
-            tensors.update(bucketing.tensors_of(layout, index, bucket))
         try:
-            await self._apply(notice.version, tensors)
+            await self._apply(notice.version, layout, buckets)
         except PipelineError as exc:  # e.g. a layout that does not fit the served model
             self._fail(notice.version, exc.message)
             return False
@@ -145,10 +136,6 @@ class WeightReceiver:
         self.stats.failed_updates += 1
         self.stats.last_error = reason
         log.error("weight update failed; keeping the old weights", version=version.version, error=reason)
-
-    def _holds(self, version: WeightVersion) -> bool:
-        held = self.version
-        return held is not None and held.run_id == version.run_id and held.version >= version.version
 
     async def _receive_broadcast(
         self, rendezvous: Rendezvous, layout: WeightLayout, buckets: list[torch.Tensor]

@@ -76,8 +76,8 @@ class Rendezvous:
 
 
 @dataclass(frozen=True)
-class Receiver:
-    """An inference server watching weight versions."""
+class WatchRequest:
+    """An inference server asking to follow weight versions (`WatchWeights`)."""
 
     receiver_id: str
     current_version: int

@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import torch
 
-from pipelinerl.common.errors import FailedPrecondition
+from benchmarks.standin import PublisherOnlyTrainer
 from pipelinerl.common.log import configure_logging
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
-from pipelinerl.common.types import WeightVersion
 from pipelinerl.trainer.server import registration
-from pipelinerl.trainer.types import TrainerStatus
-from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
-from pipelinerl.weights.types import Checksum, Receiver, WeightChunk, WeightNotice
+from pipelinerl.weights.publisher import WeightPublisher
+from pipelinerl.weights.settings import PublisherSettings
 
 SHAPES = {"embed.weight": (64, 32), "layer.weight": (32, 32), "layer.bias": (32,), "head.weight": (100, 32)}
 
@@ -43,40 +39,12 @@ def preset_weights(version: int) -> dict[str, torch.Tensor]:
     return dict(build_preset("tiny", seed=100 + version).model.named_parameters())
 
 
-class PublisherOnlyTrainer:
-    """The weight-serving half of a trainer core."""
-
-    def __init__(self, publisher: WeightPublisher, corrupt: bool) -> None:
-        self.publisher = publisher
-        self.corrupt = corrupt
-        self.version = -1
-
-    async def admit(self, samples, on_ack) -> None:  # type: ignore[no-untyped-def]
-        raise FailedPrecondition("this stand-in does not train")
-
-    async def watch(self, receiver: Receiver) -> AsyncIterator[WeightNotice]:
-        async for notice in self.publisher.watch(receiver):
-            if self.corrupt and notice.version.version % 2 == 1:
-                bucket = dataclasses.replace(
-                    notice.layout.buckets[0],
-                    checksum=Checksum(notice.layout.buckets[0].checksum.algorithm, b"bad!"),
-                )
-                layout = dataclasses.replace(notice.layout, buckets=(bucket, *notice.layout.buckets[1:]))
-                notice = dataclasses.replace(notice, layout=layout)
-            yield notice
-
-    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
-        return self.publisher.fetch(version, buckets)
-
-    def status(self) -> TrainerStatus:
-        return TrainerStatus(WeightVersion(self.version, "standin"), 0, 0, 0, 0, 0.0, self.publisher.watchers)
-
-
 async def main(args: argparse.Namespace) -> None:
     # Small buckets so that a version spans several of them.
-    publisher = WeightPublisher(PublisherConfig("standin", bucket_bytes=256 * 1024, broadcast_timeout_s=10))
+    settings = PublisherSettings(bucket_bytes=256 * 1024, broadcast_timeout_s=10)
+    publisher = WeightPublisher(settings, run_id="standin")
     await publisher.start()
-    core = PublisherOnlyTrainer(publisher, args.corrupt)
+    core = PublisherOnlyTrainer(publisher, "standin", corrupt_odd_versions=args.corrupt)
     server = GrpcServer(ServiceSettings(port=0, drain_seconds=1), [registration(core)])
     await server.start()
     weights = preset_weights if args.weights == "tiny" else expected_weights

@@ -25,7 +25,8 @@ from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
 from pipelinerl.trainer.server import registration
 from pipelinerl.trainer.trainer import MAX_FAILED_GROUPS, Trainer, TrainerLoopConfig
 from pipelinerl.trainer.types import Disposition, SampleAck
-from pipelinerl.weights.publisher import PublisherConfig, WeightPublisher
+from pipelinerl.weights.publisher import WeightPublisher
+from pipelinerl.weights.settings import PublisherSettings
 from tests.integration.test_trainer_loop import group
 
 pytestmark = pytest.mark.slow
@@ -164,7 +165,7 @@ class FailingLearner(TorchLearner):
 
 
 async def serve(learner: TorchLearner, samples_per_step: int) -> tuple[GrpcServer, Trainer]:
-    publisher = WeightPublisher(PublisherConfig(run_id="t", broadcast_backend=None))
+    publisher = WeightPublisher(PublisherSettings(broadcast_backend="none"), run_id="t")
     await publisher.start()
     loop = TrainerLoopConfig(samples_per_step, max_lag=4, lag_policy=LagPolicy.DROP, max_buffered_samples=64)
     trainer = Trainer(learner, publisher, loop, on_halt=lambda reason: server.set_not_serving(reason))

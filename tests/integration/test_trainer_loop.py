@@ -19,7 +19,7 @@ from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import TrainerSettings
 from pipelinerl.trainer.learner import LearnerConfig
 from pipelinerl.trainer.types import Disposition, SampleAck
-from pipelinerl.weights.types import Receiver
+from pipelinerl.weights.types import WatchRequest
 from tests.integration.processes import start_trainer
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ async def test_train_publish_lag_and_resume(tmp_path: Path) -> None:
                 rejected.error is not None
                 and rejected.error.violations[0].field == "samples[0].completion.versions"
             )
-            notice = await anext(aiter(client.watch_weights(Receiver("inference-0", -1, False))))
+            notice = await anext(aiter(client.watch_weights(WatchRequest("inference-0", -1, False))))
             assert notice.version.version == 1 and notice.version.run_id == "test"
             status = await client.status()
             assert (status.trained_samples, status.dropped_samples, status.rejected_samples) == (4, 2, 2)

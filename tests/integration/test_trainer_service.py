@@ -11,7 +11,7 @@ from pipelinerl.common.types import Sample, TokenSequence, WeightVersion
 from pipelinerl.trainer import server as trainer_server
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.types import Disposition
-from pipelinerl.weights.types import Receiver, crc32
+from pipelinerl.weights.types import WatchRequest, crc32
 from tests.fakes import FakeTrainer
 
 
@@ -53,13 +53,13 @@ async def test_watch_and_fetch_weights(start_server) -> None:
     core = FakeTrainer()
     address = await start_server(trainer_server.registration(core))
     async with TrainerClient(address) as client:
-        notices = [n async for n in client.watch_weights(Receiver("inference-0", -1, False))]
+        notices = [n async for n in client.watch_weights(WatchRequest("inference-0", -1, False))]
         [bucket] = notices[0].layout.buckets
         data = b"".join([c.data async for c in client.fetch_weights(notices[0].version)])
         assert crc32(data) == bucket.checksum.value and len(data) == bucket.num_bytes
         with pytest.raises(FailedPrecondition):
             [c async for c in client.fetch_weights(WeightVersion(7, "fake"))]
         with pytest.raises(InvalidArgument) as exc:
-            [n async for n in client.watch_weights(Receiver("", -1, False))]
+            [n async for n in client.watch_weights(WatchRequest("", -1, False))]
         assert exc.value.violations[0].field == "receiver_id"
         assert (await client.status()).version.version == 0

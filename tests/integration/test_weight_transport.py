@@ -11,7 +11,9 @@ import torch
 
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.trainer.client import TrainerClient
+from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.receiver import WeightReceiver
+from pipelinerl.weights.types import WeightLayout
 from tests.integration.processes import server_process
 from tests.integration.standin_trainer import expected_weights
 
@@ -25,7 +27,10 @@ class Applied:
         self.versions: list[int] = []
         self.mismatches: list[int] = []
 
-    async def __call__(self, version: WeightVersion, tensors: dict[str, torch.Tensor]) -> None:
+    async def __call__(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
+    ) -> None:
+        tensors = bucketing.unpack(layout, buckets)
         expected = expected_weights(version.version)
         if tensors.keys() != expected.keys() or not all(
             torch.equal(tensors[k], expected[k]) for k in expected

@@ -209,7 +209,7 @@ def test_weight_swap_mid_generation_keeps_the_sequence_and_tags_versions() -> No
     engine.add_request(request("r", prompt))
     for _ in range(5):
         engine.step()
-    engine.load_weights(new_weights, version=5)
+    engine.stage_weights(new_weights, version=5)
     tokens = run(engine)["r"].tokens
 
     assert tokens.versions == [4] * 5 + [5] * (GREEDY.max_new_tokens - 5)
@@ -237,15 +237,15 @@ def greedy_with_swap(
     return tokens
 
 
-def test_load_weights_rejects_unknown_names_wrong_shapes_and_stale_versions(tiny: LoadedModel) -> None:
+def test_stage_weights_rejects_unknown_names_wrong_shapes_and_stale_versions(tiny: LoadedModel) -> None:
     engine = InferenceEngine(tiny.model, tiny.tokenizer, weight_version=3)
     with pytest.raises(InvalidArgument) as unknown:
-        engine.load_weights({"no.such.weight": torch.zeros(1)}, version=4)
+        engine.stage_weights({"no.such.weight": torch.zeros(1)}, version=4)
     assert unknown.value.violations[0].field == "named_tensors[no.such.weight]"
     with pytest.raises(InvalidArgument, match="shape"):
-        engine.load_weights([("lm_head.weight", torch.zeros(2, 2))], version=4)
+        engine.stage_weights([("lm_head.weight", torch.zeros(2, 2))], version=4)
     with pytest.raises(FailedPrecondition):
-        engine.load_weights({}, version=3)
+        engine.stage_weights({}, version=3)
     assert engine.weight_version == 3
 
 

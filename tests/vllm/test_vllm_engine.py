@@ -125,7 +125,9 @@ async def test_update_mid_generation_keeps_requests_and_switches_version(backend
     others = [asyncio.create_task(run(backend, GenerationRequest(f"bg-{i}", p, long))) for i, p in
               enumerate(prompts[1:], start=1)]  # fmt: skip
     await asyncio.sleep(0.2)
-    await backend.apply_weights(WeightVersion(new_version), dict(new_weights.named_parameters()))
+    tensors = dict(new_weights.named_parameters())
+    buckets, layout = bucketing.pack(tensors, bucketing.plan_layout(tensors.items()))
+    await backend.apply_weights(WeightVersion(new_version), layout, buckets)
     assert backend.weight_version == new_version
 
     rest = TokenSequence()
@@ -161,7 +163,7 @@ async def test_corrupt_bucket_keeps_old_version(backend: VllmBackend) -> None:
     assert len(buckets) > 1
     buckets[-1][7] ^= 0xFF  # one flipped byte in the last bucket: earlier buckets are all good
     with pytest.raises(FailedPrecondition, match="checksum mismatch"):
-        await backend.apply_buckets(WeightVersion(held + 1), layout, buckets)
+        await backend.apply_weights(WeightVersion(held + 1), layout, buckets)
 
     assert backend.weight_version == held
     assert await backend.worker_versions() == workers_before
