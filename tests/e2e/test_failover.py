@@ -21,7 +21,9 @@ from tests.e2e.evidence import assert_trained_exactly_once
 pytestmark = pytest.mark.slow
 
 BUDGET = 6144
-DRAIN_BUDGET = 12288  # lasts for the restarts, each some seconds of a process starting
+# A drain-restart cycle (drain, process start, health, reconnect, busy again) takes ~18 s on two
+# cores, about what 6000 samples take there: the budget outlasts the three cycles with room.
+DRAIN_BUDGET = 24576
 DRAINS = 3
 
 
