@@ -15,7 +15,7 @@ EDITABLE := --config-settings editable_mode=strict
 # Every file the link tree must hold; when the list changes, the tree is made again.
 MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
 
-.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ vllm-env:
 vllm-test: venv vllm-env
 	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/vllm -m vllm
 
+# The wheels a GPU machine without network lacks (scripts/gpu-wheels.txt), for CPython 3.12 on
+# manylinux x86_64, into .gpu-wheels/ (at most 60 MiB); DeepSpeed is built here as a pure-Python
+# wheel. There: pip install --no-index --find-links .gpu-wheels --no-deps .gpu-wheels/*.whl
+gpu-wheels: venv
+	$(BIN)/python scripts/gpu_wheels.py --dest .gpu-wheels --max-mib 60
+
 protos: venv
 	$(BIN)/python scripts/gen_protos.py
 
@@ -75,4 +81,4 @@ lint: venv lint-protos check-protos
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache .gpu-wheels
