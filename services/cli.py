@@ -74,20 +74,30 @@ def run(ctx: typer.Context) -> None:
     """One local RL run: every service as a process, driven to its budget, then stopped.
 
     Settings are flags (`pipelinerl run --help`), `PIPELINERL_RUN_*` variables, or `--config FILE`.
+    A wrong setting prints `error: <setting>: <reason>` and exits 2 before anything starts;
+    `--debug` shows the traceback instead.
     """
     import asyncio
 
     from pipelinerl.common.log import configure_logging
-    from pipelinerl.common.settings import split_config_flag
-    from pipelinerl.launcher.config import RunSettings
+    from pipelinerl.launcher.checks import load_settings, user_error
     from pipelinerl.launcher.display import RunDisplay
     from pipelinerl.launcher.run import launch
 
-    config, settings_args = split_config_flag(list(ctx.args))
-    settings = RunSettings.load(config, settings_args)
-    configure_logging("launcher", "console", "warning")
-    with RunDisplay(settings) as display:
-        result = asyncio.run(launch(settings, display.update))
+    args = list(ctx.args)
+    debug = "--debug" in args
+    try:
+        settings = load_settings([arg for arg in args if arg != "--debug"])
+        configure_logging("launcher", "console", "warning")
+        with RunDisplay(settings) as display:
+            result = asyncio.run(launch(settings, display.update))
+    except Exception as exc:
+        lines = None if debug else user_error(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(
         f"{result.state}: final mean reward {result.final_reward:.3f} "
         f"(exactly correct {result.final_correct:.3f}) after {result.elapsed_s:.0f} s, "

@@ -30,28 +30,12 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from pipelinerl.common.presets import PRESETS, not_a_model
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
-
-@dataclass(frozen=True)
-class PresetShape:
-    """The sizes that distinguish one preset from another; everything else is shared."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-
-
-PRESETS: dict[str, PresetShape] = {
-    "tiny": PresetShape(128, 384, 4, 4, 2, 32, 1024),
-    "small": PresetShape(512, 1536, 8, 8, 4, 64, 2048),
-}
 
 # Wider than the usual 0.02 so that a random model's greedy output varies with the prompt instead of
 # repeating one token, which makes equivalence tests meaningful.
@@ -98,10 +82,17 @@ def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
         max_position_embeddings=shape.max_position_embeddings,
         initializer_range=PRESET_INIT_RANGE,
         tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=_token_id(tokenizer.pad_token_id),
+        bos_token_id=_token_id(tokenizer.bos_token_id),
+        eos_token_id=_token_id(tokenizer.eos_token_id),
     )
+
+
+def _token_id(value: object) -> int | None:
+    """A special token's id. transformers types it as whatever `convert_tokens_to_ids` can return,
+    but for one token that is an int, or None when the tokenizer has no such token."""
+    assert value is None or isinstance(value, int), value
+    return value
 
 
 def build_preset(name: str = "tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -141,13 +132,13 @@ def load_model(
         loaded = build_preset(str(source), seed=seed, dtype=dtype)
     else:
         loaded = _load_directory(Path(source), random_init=random_init, seed=seed, dtype=dtype)
-    loaded.model.to(device).eval()
+    loaded.model.to(device).eval()  # pyright: ignore[reportArgumentType]  # transformers' @wraps(Module.to) reads as unbound
     return loaded
 
 
 def _load_directory(directory: Path, *, random_init: bool, seed: int, dtype: torch.dtype) -> LoadedModel:
     if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is neither a preset ({', '.join(PRESETS)}) nor a directory")
+        raise FileNotFoundError(not_a_model(directory))
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     if random_init:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)

@@ -1,8 +1,10 @@
 """Settings of `pipelinerl run` (env `PIPELINERL_RUN_*`, `--flags`, or a YAML/TOML file).
 
-The sections `reward`, `trainer`, `inference` and `coordinator` are passed through, as each
-service's own config file, to the processes the launcher starts: any setting of a service can be
-set here (`trainer: {learner: {lr: 1e-4}}`). The launcher fills in ports, addresses and threads.
+The sections `reward`, `trainer`, `inference` and `coordinator` are typed with each service's own
+settings class, so a misspelt or ill-typed setting fails as the run's settings load, named by its
+path (`trainer.learner.lr`). A section holds overrides only: the fields it gives are written, over
+what the launcher fills in (ports, addresses, threads, the model and the run's other settings), into
+the service's config file (`trainer: {learner: {lr: 1e-4}}`); the fields it omits keep those.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, FilePath, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from pipelinerl.common.settings import LayeredSettings
+from pipelinerl.common.settings import LayeredSettings, ServiceSettings
+from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.inference.config import InferenceSettings
+from pipelinerl.reward.config import RewardSettings
+from pipelinerl.trainer.config import TrainerSettings
 
 
 class RunSettings(LayeredSettings):
-    """One local RL run: every service as a process on 127.0.0.1, driven to the end and stopped."""
+    """One local RL run: every service as a process on 127.0.0.1, driven to the end and stopped.
+    A wrong setting stops it before anything starts, as one line `error: <setting>: <reason>`
+    (exit status 2); `--debug` shows the traceback instead."""
 
     model_config = SettingsConfigDict(env_prefix="PIPELINERL_RUN_")
 
@@ -67,25 +75,26 @@ class RunSettings(LayeredSettings):
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
     auth_token: str | None = None
     """Bearer token every service then requires (health checks excepted) and every client sends."""
-    tls_cert_file: Path | None = None
+    tls_cert_file: FilePath | None = None
     """PEM certificate, valid for 127.0.0.1, that every service serves TLS with (with `tls_key_file`)."""
-    tls_key_file: Path | None = None
+    tls_key_file: FilePath | None = None
     """PEM private key of `tls_cert_file`."""
-    tls_ca_file: Path | None = None
+    tls_ca_file: FilePath | None = None
     """PEM CA bundle the clients verify the services with; unset, `tls_cert_file` (self-signed). With
     `coordinator_address`, set it alone to reach a coordinator that speaks TLS."""
     coordinator_address: str | None = None
     """`host:port` of a coordinator already running with its services (docker compose, a cluster):
     start the run there and follow it, starting no process. The service sections and the placement
     settings below then do not apply; the services' own settings do."""
-    reward: dict[str, Any] = Field(default_factory=dict)
-    """Extra settings of the reward service."""
-    trainer: dict[str, Any] = Field(default_factory=dict)
-    """Extra settings of the trainer (e.g. `learner: {loss: {kind: ppo}}`)."""
-    inference: dict[str, Any] = Field(default_factory=dict)
-    """Extra settings of every inference server."""
-    coordinator: dict[str, Any] = Field(default_factory=dict)
-    """Extra settings of the coordinator."""
+    # An empty section (no field set) until the user gives one; see `overrides`.
+    reward: RewardSettings = Field(default_factory=RewardSettings.model_construct)
+    """Settings of the reward service, over the launcher's (defaults shown are the service's)."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings.model_construct)
+    """Settings of the trainer, over the launcher's (e.g. `learner: {loss: {kind: ppo}}`)."""
+    inference: InferenceSettings = Field(default_factory=InferenceSettings.model_construct)
+    """Settings of every inference server, over the launcher's."""
+    coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings.model_construct)
+    """Settings of the coordinator, over the launcher's."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Self:
@@ -99,3 +108,8 @@ class RunSettings(LayeredSettings):
     def client_ca_file(self) -> Path | None:
         """The CA that clients of this run verify the services with, if they speak TLS."""
         return self.tls_ca_file or self.tls_cert_file
+
+
+def overrides(section: ServiceSettings) -> dict[str, Any]:
+    """The fields of a service's section that were given (at any depth), as a config file holds them."""
+    return section.model_dump(mode="json", exclude_unset=True)

@@ -13,12 +13,14 @@ class RunDisplay:
     def __init__(self, settings: RunSettings) -> None:
         self._by_samples = settings.max_samples > 0
         total = settings.max_samples if self._by_samples else settings.duration_s
+        console = Console(stderr=True)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=console,
+            disable=not console.is_terminal,  # drawn only once, at the end, it would say nothing new
         )
         self._task = self._progress.add_task(settings.mode, total=total, status="starting services")
 
@@ -26,7 +28,9 @@ class RunDisplay:
         self._progress.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:  # the error is left alone on the screen
+            self._progress.live.transient = True
         self._progress.stop()
 
     def update(self, run: RunInfo, elapsed_s: float) -> None:

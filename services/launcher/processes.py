@@ -4,6 +4,7 @@ pinned to cores where that helps, awaited until healthy, stopped by their own ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,12 +34,22 @@ class ServiceProcess:
         return f"127.0.0.1:{self.port}"
 
     async def wait_healthy(self, timeout_s: float, tls_ca_file: Path | None = None) -> None:
-        """Until the service is SERVING, verified with `tls_ca_file` when it speaks TLS."""
-        if not await wait_until_serving(self.address, timeout_s=timeout_s, tls_ca_file=tls_ca_file):
-            tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
-            raise RuntimeError(
-                f"{self.name} did not become healthy within {timeout_s}s; its log ends:\n{tail}"
-            )
+        """Until the service is SERVING, verified with `tls_ca_file` when it speaks TLS; RuntimeError
+        with the end of its log if it is not within `timeout_s`, or as soon as it exits."""
+        serving = asyncio.ensure_future(
+            wait_until_serving(self.address, timeout_s=timeout_s, tls_ca_file=tls_ca_file)
+        )
+        while not serving.done() and self.process.poll() is None:
+            await asyncio.wait([serving], timeout=0.5)
+        if serving.done() and serving.result():
+            return
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        code = self.process.poll()
+        why = f"did not become healthy within {timeout_s}s" if code is None else f"exited with status {code}"
+        tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
+        raise RuntimeError(f"{self.name} {why}; its log ends:\n{tail}")
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the process has used so far (Linux /proc), 0 once it is gone."""

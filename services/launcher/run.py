@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -25,17 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.common.channel import ChannelConfig
+from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
-from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.checks import check_run
+from pipelinerl.launcher.config import RunSettings, overrides
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
 from pipelinerl.launcher.report import MetricsLog, Point, plot
 
 log = get_logger(__name__)
 
 HEALTH_TIMEOUT_S = 180.0
+
+
+class RunRefused(InvalidArgument):
+    """The coordinator refused to start the run (its spec names the wrong field): it never ran."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ def _placement(settings: RunSettings) -> tuple[int, list[set[int] | None], set[i
     if settings.mode == "sync" or not settings.pin_cores or len(cores) < 2:
         return (len(cores) if settings.mode == "sync" else max(len(cores) // (n + 1), 1)), [None] * n, None
     trainer = {cores[-1]}
-    inference = [{cores[i % (len(cores) - 1)]} for i in range(n)]
+    inference: list[set[int] | None] = [{cores[i % (len(cores) - 1)]} for i in range(n)]
     return 1, inference, trainer
 
 
@@ -105,10 +112,10 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         inference["trainer_tls_ca_file"] = str(settings.client_ca_file)
         coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
     return {
-        "reward": merge({"workers": 1, **security}, settings.reward),
-        "trainer": merge({**trainer, **security}, settings.trainer),
-        "inference": merge({**inference, **security}, settings.inference),
-        "coordinator": merge({**coordinator, **security}, settings.coordinator),
+        "reward": merge({"workers": 1, **security}, overrides(settings.reward)),
+        "trainer": merge({**trainer, **security}, overrides(settings.trainer)),
+        "inference": merge({**inference, **security}, overrides(settings.inference)),
+        "coordinator": merge({**coordinator, **security}, overrides(settings.coordinator)),
     }
 
 
@@ -118,11 +125,28 @@ async def launch(
     processes: list[ServiceProcess] | None = None,
 ) -> RunResult:
     """Run to the end. `processes`, if given, receives the handles of the services as they start.
-    With `settings.coordinator_address`, drive a run on services that are already up instead."""
+    With `settings.coordinator_address`, drive a run on services that are already up instead.
+
+    InvalidArgument (a `RunRefused` when the coordinator refuses the run) names the wrong setting;
+    a run that never started leaves no run directory behind, unless the directory was there before."""
+    check_run(settings)
+    fresh = not settings.run_dir.exists()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    if settings.coordinator_address is not None:
-        return await _drive(settings, settings.coordinator_address, on_progress)
-    processes = [] if processes is None else processes
+    try:
+        if settings.coordinator_address is not None:
+            return await _drive(settings, settings.coordinator_address, on_progress)
+        return await _start_and_drive(settings, on_progress, [] if processes is None else processes)
+    except RunRefused:
+        if fresh:
+            shutil.rmtree(settings.run_dir)
+        raise
+
+
+async def _start_and_drive(
+    settings: RunSettings,
+    on_progress: Callable[[RunInfo, float], None] | None,
+    processes: list[ServiceProcess],
+) -> RunResult:
     try:
         coordinator = await start_services(settings, processes)
         return await _drive(settings, coordinator.address, on_progress)
@@ -199,7 +223,10 @@ async def _drive(
     metrics = MetricsLog(settings.run_dir / "metrics.jsonl")
     channel = ChannelConfig(address, auth_token=settings.auth_token, tls_ca_file=settings.client_ca_file)
     async with CoordinatorClient(channel) as client:
-        run = await client.start_run(_spec(settings), run_id=settings.run_id)
+        try:
+            run = await client.start_run(_spec(settings), run_id=settings.run_id)
+        except InvalidArgument as exc:
+            raise RunRefused(exc.message, exc.violations) from exc
         started = time.monotonic()
         async for run in client.watch_run(settings.run_id):
             elapsed = time.monotonic() - started

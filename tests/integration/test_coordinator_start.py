@@ -1,9 +1,13 @@
 """StartRun through the real coordinator process: a spec the inference servers cannot serve, or
 one whose dataset does not open, is refused with INVALID_ARGUMENT naming the field, and a refused
-StartRun leaves its run id free for a valid spec."""
+StartRun leaves its run id free for a valid spec. `pipelinerl run` prints such a refusal as one line
+naming the setting."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +29,7 @@ VALID = RunSpec(
 
 
 @pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[CoordinatorClient]:
+async def coordinator_address(tmp_path: Path) -> AsyncIterator[str]:
     limits = (str(MAX_NEW_TOKENS), str(MAX_CONTEXT))
     async with server_process("fake_inference_server.py", tmp_path, *limits) as (_, port):
         nowhere = f"127.0.0.1:{free_port()}"  # reward and trainer: a run starts without them
@@ -38,11 +42,16 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[CoordinatorClient]:
         service = start_service("coordinator", "pipelinerl.coordinator", settings, tmp_path)
         try:
             await service.wait_healthy(60)
-            async with CoordinatorClient(service.address) as client:
-                yield client
+            yield service.address
         finally:
             service.process.kill()  # by handle; its runs wait on a reward service that is not there
             service.process.wait()
+
+
+@pytest.fixture
+async def coordinator(coordinator_address: str) -> AsyncIterator[CoordinatorClient]:
+    async with CoordinatorClient(coordinator_address) as client:
+        yield client
 
 
 async def refused_field(client: CoordinatorClient, spec: RunSpec, run_id: str) -> str:
@@ -82,3 +91,33 @@ async def test_a_spec_no_service_can_serve_is_refused_naming_its_field(
     assert fields == {why: field for why, (_, field) in refusals.items()}
     run = await coordinator.start_run(tokens(MAX_CONTEXT - 1), run_id="r2", timeout_s=30)
     assert run.state is RunState.RUNNING
+
+
+async def test_pipelinerl_run_prints_a_refusal_as_one_line_naming_the_setting(
+    coordinator_address: str, tmp_path: Path
+) -> None:
+    pipelinerl = Path(sys.executable).parent / "pipelinerl"
+    run_dir = tmp_path / "run"  # made by the launcher, removed once the run is refused
+
+    async def refusal(*args: str) -> list[str]:
+        command = [
+            str(pipelinerl),
+            "run",
+            "--coordinator-address",
+            coordinator_address,
+            "--run-dir",
+            str(run_dir),
+        ]
+        done = await asyncio.to_thread(
+            subprocess.run, [*command, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert not run_dir.exists()
+        return done.stderr.splitlines()
+
+    missing = tmp_path / "missing.jsonl"  # the coordinator's to judge: the launcher checks no file
+    assert await refusal("--dataset", str(missing)) == [f"error: dataset: no such file: {missing}"]
+    [line] = await refusal(
+        "--group-size", "2", "--max-in-flight", "4", "--max-new-tokens", str(MAX_NEW_TOKENS + 1)
+    )
+    assert line.startswith("error: max_new_tokens: ")

@@ -1,13 +1,19 @@
-"""Settings precedence: CLI flags > environment > config file > defaults."""
+"""Settings precedence: CLI flags > environment > config file > defaults; the run's settings check
+each service's section against that service's settings, and name a wrong one by its path."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from pipelinerl.common.errors import FieldViolation, InvalidArgument
 from pipelinerl.common.settings import split_config_flag
+from pipelinerl.launcher.checks import check_run, load_settings, setting_name, user_error
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.run import _service_settings
 from pipelinerl.reward.config import RewardSettings
 
 
@@ -48,3 +54,61 @@ def test_split_config_flag() -> None:
     assert split_config_flag(["--config", "a.yaml", "--port", "1"]) == (Path("a.yaml"), ["--port", "1"])
     assert split_config_flag(["--config=b.toml"]) == (Path("b.toml"), [])
     assert split_config_flag(["--workers", "2"]) == (None, ["--workers", "2"])
+
+
+def refusal(args: list[str]) -> list[str] | None:
+    """The `error:` lines `pipelinerl run <args>` would print, None if its settings load."""
+    try:
+        load_settings(args)
+    except (ValidationError, InvalidArgument) as exc:
+        return user_error(exc)
+    return None
+
+
+def test_a_misspelt_or_ill_typed_service_setting_is_refused_by_its_path(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  lerning_rate: 1\n")
+    assert refusal(["--config", str(config)]) == ["trainer.lerning_rate: Extra inputs are not permitted"]
+    config.write_text("trainer:\n  learner:\n    lr: fast\n")
+    [line] = refusal(["--config", str(config)]) or []
+    assert line.startswith("trainer.learner.lr: Input should be a valid number")
+    [line] = refusal(["--inference", '{"max_running": 0}']) or []
+    assert line.startswith("inference.max_running: Input should be greater than or equal to 1")
+    assert refusal(["--coordinator.journal-path", str(tmp_path / "j.sqlite")]) is None
+    assert refusal(["--config", str(tmp_path / "missing.yaml")]) == [
+        f"config file not found: {tmp_path / 'missing.yaml'}"
+    ]
+
+
+def test_a_section_overrides_only_the_fields_it_gives(tmp_path: Path) -> None:
+    settings = RunSettings(
+        run_dir=tmp_path, lr=0.01, trainer={"learner": {"loss": {"kind": "ppo"}}}, reward={"workers": 3}
+    )
+    configs = _service_settings(settings, tmp_path, threads=1)
+    assert configs["trainer"]["learner"]["loss"] == {"kind": "ppo"}
+    assert configs["trainer"]["learner"]["lr"] == 0.01  # the launcher's value, from the run's `lr`
+    assert configs["trainer"]["samples_per_step"] == settings.samples_per_step
+    assert configs["reward"] == {"workers": 3}  # no service default is written as if it were given
+    assert "port" not in configs["inference"]
+
+
+def test_what_settings_point_to_is_checked_before_a_run_starts(tmp_path: Path) -> None:
+    def violations(**values: Any) -> list[FieldViolation]:
+        with pytest.raises(InvalidArgument) as refused:
+            check_run(RunSettings(run_dir=tmp_path / "run", **values))
+        return refused.value.violations
+
+    [missing] = violations(dataset=str(tmp_path / "missing.jsonl"))
+    assert (missing.field, missing.description) == ("dataset", f"no such file: {tmp_path / 'missing.jsonl'}")
+    assert [v.field for v in violations(dataset="builtin:copy:99")] == ["dataset"]
+    fields = [v.field for v in violations(model="tinyy", inference={"model": str(tmp_path / "nowhere")})]
+    assert fields == ["model", "inference.model"]
+    check_run(RunSettings(run_dir=tmp_path / "run", model=str(tmp_path)))  # a directory is a model
+    check_run(RunSettings(dataset="/remote/data.jsonl", coordinator_address="10.0.0.1:50050"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_field_of_the_run_spec_is_named_by_its_setting() -> None:
+    assert setting_name("spec.dataset") == "dataset"
+    assert setting_name("spec.sampling.max_new_tokens") == "max_new_tokens"
+    assert setting_name("spec.sampling.top_p") == "spec.sampling.top_p"  # no setting of its own
