@@ -26,7 +26,8 @@ import torch
 from pipelinerl.common.channel import free_port
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.trainer.learner import Learner, LearnerConfig, TorchLearner
+from pipelinerl.trainer.config import LearnerConfig, ZeroConfig
+from pipelinerl.trainer.learner import Learner, TorchLearner
 
 GROUP = 8
 PROMPT = 16
@@ -60,7 +61,7 @@ def rank_main(args: argparse.Namespace) -> None:
     """One rank of a DeepSpeed world; rank 0 writes the median step time to `--out`."""
     import deepspeed
 
-    from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner, ZeroConfig
+    from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -87,7 +88,7 @@ def zero_step_s(args: argparse.Namespace, stage: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--completion", type=int, default=48)

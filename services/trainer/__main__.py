@@ -61,24 +61,15 @@ def _init_world(device: str) -> None:
 async def build(settings: TrainerSettings) -> GrpcServer:
     """Load the model, resume from the latest checkpoint, publish the current version, serve."""
     from pipelinerl.trainer.server import registration
-    from pipelinerl.trainer.trainer import Trainer, TrainerLoopConfig
+    from pipelinerl.trainer.trainer import Trainer
     from pipelinerl.weights.publisher import WeightPublisher
 
     bind_context(run=settings.run_id)
     learner = build_learner(settings)
     publisher = WeightPublisher(settings, settings.run_id, store_host=settings.host)
     await publisher.start()
-    loop_config = TrainerLoopConfig(
-        samples_per_step=settings.samples_per_step,
-        max_lag=settings.max_lag,
-        lag_policy=settings.lag_policy,
-        max_buffered_samples=settings.max_buffered_samples,
-        checkpoint_dir=settings.checkpoint_dir,
-        checkpoint_every=settings.checkpoint_every,
-        metrics_file=settings.metrics_file,
-    )
     # Should training stop for good, health says so, so that probes restart the trainer.
-    trainer = Trainer(learner, publisher, loop_config, on_halt=lambda reason: server.set_not_serving(reason))
+    trainer = Trainer(learner, publisher, settings, on_halt=lambda reason: server.set_not_serving(reason))
 
     async def close_learner() -> None:
         learner.close()
@@ -93,13 +84,18 @@ async def build(settings: TrainerSettings) -> GrpcServer:
 def follow(argv: list[str]) -> None:
     """A rank other than 0: build the same learner and run rank 0's calls until it closes. SIGTERM
     (torchrun forwards it to every rank) is left to rank 0, whose last checkpoint needs this rank."""
+    from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
+
     config_file, cli_args = split_config_flag(argv)
     settings = TrainerSettings.load(config_file, cli_args)
     configure_logging("trainer", settings.log_format, settings.log_level)
     bind_context(run=settings.run_id, rank=int(os.environ["RANK"]))
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    build_learner(settings).follow()  # type: ignore[attr-defined]
+    learner = build_learner(settings)
+    if not isinstance(learner, DeepSpeedLearner):
+        raise ValueError("ranks other than 0 need --backend deepspeed")
+    learner.follow()
 
 
 def main(argv: list[str]) -> None:

@@ -13,41 +13,16 @@ baseline is computed from the ones that remain.
 
 from __future__ import annotations
 
-import enum
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from pipelinerl.common.types import Sample
+from pipelinerl.trainer.config import AdvantageConfig, Baseline
 
 # Rewards this close count as equal; exact float equality would miss 0.1 + 0.2 vs 0.3.
 _EQUAL_REWARD_TOLERANCE = 1e-9
-
-
-class Baseline(enum.StrEnum):
-    MEAN = "mean"
-    """The group's mean reward, the sample's own reward included (GRPO)."""
-    LEAVE_ONE_OUT = "leave_one_out"
-    """The mean reward of the *other* samples of the group (RLOO): unbiased, since a sample's
-    baseline does not depend on its own reward."""
-
-
-class AdvantageConfig(BaseModel):
-    """How rewards become advantages."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    baseline: Baseline = Baseline.MEAN
-    """What is subtracted from each reward."""
-    scale_by_std: bool = False
-    """Divide by the group's reward standard deviation (sample std, n - 1); PipelineRL leaves it off."""
-    std_eps: float = Field(default=1e-6, gt=0)
-    """Added to the std before dividing, so nearly-equal rewards do not blow up."""
-    skip_zero_variance: bool = True
-    """Leave samples of groups whose rewards are all equal out of the loss (they are still counted)."""
 
 
 @dataclass(frozen=True)

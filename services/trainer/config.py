@@ -1,18 +1,19 @@
-"""Settings of the trainer (env `PIPELINERL_TRAINER_*`, `--flags`, or a YAML/TOML file)."""
+"""Settings of the trainer (env `PIPELINERL_TRAINER_*`, `--flags`, or a YAML/TOML file) and of its
+learner (`LearnerConfig`: optimizer, loss, advantages; `ZeroConfig`). Free of torch, so checking a
+configuration loads no model code.
+"""
 
 from __future__ import annotations
 
 import enum
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import ServiceSettings
-from pipelinerl.trainer.deepspeed_learner import ZeroConfig
-from pipelinerl.trainer.learner import LearnerConfig
 from pipelinerl.weights.settings import PublisherSettings
 
 
@@ -31,11 +32,126 @@ class LagPolicy(enum.StrEnum):
     bounds its influence."""
 
 
-class TrainerSettings(ServiceSettings, PublisherSettings):
-    """The trainer: admits scored samples, takes optimizer steps, publishes every version (the
-    publisher's settings, from `PublisherSettings`, are the trainer's own)."""
+class PolicyLossKind(enum.StrEnum):
+    REINFORCE = "reinforce"
+    """Truncated importance-sampled REINFORCE: -min(ratio, cap).detach() * A * logp (PipelineRL's default)."""
+    PPO = "ppo"
+    """PPO-clip with per-token ratios: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)."""
+    GSPO = "gspo"
+    """GSPO: one ratio per sequence, exp of the mean per-token log-ratio, clipped like PPO."""
 
-    model_config = SettingsConfigDict(env_prefix="PIPELINERL_TRAINER_")
+
+class TokenWeighting(enum.StrEnum):
+    TOKEN = "token"
+    """Mean over every completion token of the optimizer step: long sequences weigh more."""
+    SEQUENCE = "sequence"
+    """Mean over each sequence's tokens, then mean over sequences: every sequence weighs the same."""
+    SAMPLE_COUNT = "sample_count"
+    """Sum over tokens divided by the number of samples in the step (PipelineRL's normalisation)."""
+
+
+class LossConfig(BaseModel):
+    """Which policy loss to optimise and how its per-token terms are weighted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: PolicyLossKind = PolicyLossKind.REINFORCE
+    """The policy-gradient objective."""
+    ratio_cap: float = Field(default=1.2, gt=0)
+    """REINFORCE only: importance weights above this are truncated to it. PipelineRL clamps at
+    1 + epsilon_high = 1.2; larger values trust stale tokens more (less bias, more variance)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO only: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    gspo_clip_low: float = Field(default=3e-4, gt=0, lt=1)
+    """GSPO only: lower clip range of the sequence ratio (the GSPO paper's 3e-4)."""
+    gspo_clip_high: float = Field(default=4e-4, gt=0)
+    """GSPO only: upper clip range of the sequence ratio (the GSPO paper's 4e-4)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL penalty to the frozen reference model; 0 needs no reference model."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss); 0 still reports entropy."""
+    weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
+    """How per-token terms are averaged over the optimizer step."""
+    max_log_ratio: float = Field(default=10.0, gt=0)
+    """Every log-ratio (current vs behaviour, reference vs current) is clamped to ±this before exp,
+    so a token the two models disagree on wildly cannot overflow float32 into inf/NaN (PipelineRL
+    clamps its reference log-ratio at 10). Beyond the clamp a token's term has no gradient."""
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+class Baseline(enum.StrEnum):
+    MEAN = "mean"
+    """The group's mean reward, the sample's own reward included (GRPO)."""
+    LEAVE_ONE_OUT = "leave_one_out"
+    """The mean reward of the *other* samples of the group (RLOO): unbiased, since a sample's
+    baseline does not depend on its own reward."""
+
+
+class AdvantageConfig(BaseModel):
+    """How rewards become advantages."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    baseline: Baseline = Baseline.MEAN
+    """What is subtracted from each reward."""
+    scale_by_std: bool = False
+    """Divide by the group's reward standard deviation (sample std, n - 1); PipelineRL leaves it off."""
+    std_eps: float = Field(default=1e-6, gt=0)
+    """Added to the std before dividing, so nearly-equal rewards do not blow up."""
+    skip_zero_variance: bool = True
+    """Leave samples of groups whose rewards are all equal out of the loss (they are still counted)."""
+
+
+class LearnerConfig(BaseModel):
+    """The optimizer, the micro-batching and the loss of one learner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (constant)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment decay rates."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW denominator epsilon."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this; None reports the norm without clipping."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    micro_batch_tokens: int = Field(default=8192, ge=1)
+    """Token budget of one micro-batch, padding included (rows × longest row)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the rollouts. Training logits are divided by it so that current and
+    behaviour logprobs describe the same distribution (the inference server reports logprobs after
+    temperature)."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """The policy loss, KL and entropy terms and token weighting."""
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    """Baseline, std scaling and zero-variance handling."""
+
+
+class ZeroConfig(BaseModel):
+    """DeepSpeed settings of the trainer (`--backend deepspeed`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: int = Field(default=2, ge=1, le=3)
+    """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    overrides: dict[str, Any] = {}
+    """Extra DeepSpeed config keys, merged over the generated config (e.g. offload settings)."""
+
+
+class TrainerSettings(ServiceSettings, PublisherSettings):
+    """The trainer: admits scored samples, takes optimizer steps, publishes every version. Each
+    component takes its part: the training loop (`Trainer`) these settings, the publisher those of
+    `PublisherSettings`, the learner `learner` and `zero`."""
+
+    # Annotated, as BaseSettings and BaseModel (of PublisherSettings) declare it with different types.
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(env_prefix="PIPELINERL_TRAINER_")
 
     port: int = Field(default=50052, ge=0, le=65535)
     """Port to bind; 0 picks a free one."""
@@ -62,14 +178,6 @@ class TrainerSettings(ServiceSettings, PublisherSettings):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     """Optimizer, micro-batching, loss and advantages."""
 
-    @model_validator(mode="after")
-    def _wait_needs_lag(self) -> TrainerSettings:
-        if self.lag_policy is LagPolicy.WAIT and self.max_lag < 1:
-            raise ValueError(
-                "lag_policy wait needs max_lag >= 1: version v + 1 cannot be generated before it exists"
-            )
-        return self
-
     backend: Literal["torch", "deepspeed"] = "torch"
     """`torch`: one process, AdamW. `deepspeed`: ZeRO over every rank of a torchrun world
     (`torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed`); rank 0 serves."""
@@ -81,3 +189,11 @@ class TrainerSettings(ServiceSettings, PublisherSettings):
     """Save a checkpoint every this many versions."""
     metrics_file: Path | None = None
     """Append one JSON line of metrics per optimizer step here."""
+
+    @model_validator(mode="after")
+    def _wait_needs_lag(self) -> TrainerSettings:
+        if self.lag_policy is LagPolicy.WAIT and self.max_lag < 1:
+            raise ValueError(
+                "lag_policy wait needs max_lag >= 1: version v + 1 cannot be generated before it exists"
+            )
+        return self

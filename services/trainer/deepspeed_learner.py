@@ -1,6 +1,6 @@
 """The DeepSpeed ZeRO backend (stages 1–3): one learner spread over the ranks of a torchrun world.
 
-    torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed --zero-stage 3
+    torchrun --nproc-per-node N -m pipelinerl.trainer --backend deepspeed --zero.stage 3
       rank 0     the trainer service; each collective call of its learner is first sent to the others
       rank 1..   follow(): receive a call, run it on their shard, until rank 0 closes
 
@@ -25,16 +25,17 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
 
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.batching import StepPlan, plan_step
-from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
+from pipelinerl.trainer.checkpoint import save_weights
+from pipelinerl.trainer.config import LearnerConfig, ZeroConfig
+from pipelinerl.trainer.learner import StepMetrics, TorchLearner
 from pipelinerl.trainer.losses import LossStats, policy_loss
 from pipelinerl.weights.buckets import TensorSource
 
@@ -47,17 +48,6 @@ DEEPSPEED_DIR = "deepspeed"
 _TAG = "state"
 # Followers wait on rank 0 between calls for as long as the trainer waits for samples.
 _CALL_TIMEOUT = timedelta(days=30)
-
-
-class ZeroConfig(BaseModel):
-    """DeepSpeed settings of the trainer (`--backend deepspeed`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    stage: int = Field(default=2, ge=1, le=3)
-    """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
-    overrides: dict[str, Any] = {}
-    """Extra DeepSpeed config keys, merged over the generated config (e.g. offload settings)."""
 
 
 class DeepSpeedLearner(TorchLearner):
@@ -79,7 +69,8 @@ class DeepSpeedLearner(TorchLearner):
             )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self._calls = dist.new_group(backend="gloo", timeout=_CALL_TIMEOUT)
+        # Every rank is a member, so this is a group, never new_group's non-member sentinel.
+        self._calls = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=_CALL_TIMEOUT))
         super().__init__(model, config, tokenizer=tokenizer)
 
     # ---- rank 0 drives, the others follow -----------------------------------------------------
@@ -134,13 +125,12 @@ class DeepSpeedLearner(TorchLearner):
 
     # ---- the hooks of TorchLearner --------------------------------------------------------------
 
-    def _build_optimizer(self) -> torch.optim.Optimizer:
+    def _build_optimizer(self) -> None:
+        """The engine holds the ZeRO optimizer and steps it; `self.optimizer` is left unset."""
         import deepspeed
 
-        self.engine, optimizer, _, _ = deepspeed.initialize(
-            model=self.model, model_parameters=self.model.parameters(), config=self._deepspeed_config()
-        )
-        return optimizer
+        # Without model_parameters DeepSpeed optimizes all of the model's parameters.
+        self.engine, _, _, _ = deepspeed.initialize(model=self.model, config=self._deepspeed_config())
 
     def _deepspeed_config(self) -> dict[str, Any]:
         dtype = next(self.model.parameters()).dtype
@@ -240,7 +230,7 @@ class DeepSpeedLearner(TorchLearner):
         state = {name: tensor.to("cpu", copy=True) for name, tensor in self._gather_each() if self.rank == 0}
         if self.rank == 0:
             staging.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(staging, state_dict=state, safe_serialization=True)
+            save_weights(self.model, staging, state)
         self.engine.save_checkpoint(str(staging / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
         dist.barrier(group=self._calls)  # every rank's partition is on disk before rank 0 commits
 
@@ -258,7 +248,8 @@ class _GatheredParameters:
 
     def specs(self) -> list[tuple[str, torch.Tensor]]:
         return [
-            (name, torch.empty(param.ds_shape, dtype=param.dtype, device="meta"))
+            # ZeRO-3 adds ds_shape, the full shape, to each parameter it partitions.
+            (name, torch.empty(param.ds_shape, dtype=param.dtype, device="meta"))  # pyright: ignore[reportAttributeAccessIssue]
             for name, param in self.learner.model.named_parameters()
         ]
 

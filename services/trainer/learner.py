@@ -13,7 +13,7 @@
       └─► StepMetrics: reward, advantage, loss, grad norm, clip fraction, ESS, KL, entropy, lag, timing
 
     weights_for_publish() ─► name -> tensor, the names of model.named_parameters()
-    save_checkpoint(dir) / load_checkpoint(dir): HF safetensors + optimizer.pt + trainer_state.json
+    save_checkpoint(dir) / load_checkpoint(dir): one checkpoint folder (see checkpoint.py)
 
 `Learner` is the interface the trainer service drives; `DeepSpeedLearner` (deepspeed_learner.py)
 implements it over a world of ZeRO ranks by overriding the hooks marked below.
@@ -22,65 +22,38 @@ implements it over a world of ZeRO ranks by overriding the hooks marked below.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import statistics
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-from safetensors.torch import load_file
 
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
-from pipelinerl.trainer.advantages import AdvantageConfig, GroupAdvantages, compute_advantages
+from pipelinerl.trainer.advantages import GroupAdvantages, compute_advantages
 from pipelinerl.trainer.batching import MicroBatch, StepPlan, plan_step
-from pipelinerl.trainer.losses import LossConfig, LossInputs, LossStats, entropy_from_logits, policy_loss
+from pipelinerl.trainer.checkpoint import (
+    load_optimizer,
+    load_weights,
+    read_trainer_state,
+    save_optimizer,
+    save_weights,
+    write_trainer_state,
+)
+from pipelinerl.trainer.config import LearnerConfig
+from pipelinerl.trainer.losses import LossInputs, LossStats, entropy_from_logits, policy_loss
 from pipelinerl.trainer.validation import SampleLimits, check_samples
 from pipelinerl.weights.buckets import TensorSource
 
 if TYPE_CHECKING:
-    # Only annotations need transformers, so importing LearnerConfig (service settings) stays light.
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = get_logger(__name__)
-
-OPTIMIZER_FILE = "optimizer.pt"
-STATE_FILE = "trainer_state.json"
-
-
-class LearnerConfig(BaseModel):
-    """The optimizer, the micro-batching and the loss of one learner."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(default=1e-6, gt=0)
-    """AdamW learning rate (constant)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW moment decay rates."""
-    eps: float = Field(default=1e-8, gt=0)
-    """AdamW denominator epsilon."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW decoupled weight decay."""
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    """Clip the global gradient norm to this; None reports the norm without clipping."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, about a third more compute."""
-    micro_batch_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one micro-batch, padding included (rows × longest row)."""
-    temperature: float = Field(default=1.0, gt=0)
-    """Sampling temperature of the rollouts. Training logits are divided by it so that current and
-    behaviour logprobs describe the same distribution (the inference server reports logprobs after
-    temperature)."""
-    loss: LossConfig = Field(default_factory=LossConfig)
-    """The policy loss, KL and entropy terms and token weighting."""
-    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    """Baseline, std scaling and zero-variance handling."""
 
 
 @dataclass(frozen=True)
@@ -121,14 +94,6 @@ class StepMetrics:
     optimizer_s: float
     """Gradient clipping and the optimizer step."""
     total_s: float
-
-
-@dataclass(frozen=True)
-class TrainerState:
-    """The small part of a checkpoint that is not tensors."""
-
-    version: int
-    extra_state: dict[str, Any] = field(default_factory=dict)
 
 
 class Learner(Protocol):
@@ -184,7 +149,7 @@ class TorchLearner:
             self.reference = _frozen(copy.deepcopy(model) if reference is None else reference)
         if self.config.gradient_checkpointing:
             _enable_activation_checkpointing(model)
-        self.optimizer = self._build_optimizer()
+        self._build_optimizer()
         self._pad_token_id = _pad_token_id(model)
         context = getattr(model.config, "max_position_embeddings", None) or math.inf
         self.limits = SampleLimits(
@@ -287,8 +252,8 @@ class TorchLearner:
 
     # ---- hooks a distributed backend overrides --------------------------------------------------
 
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
+    def _build_optimizer(self) -> None:
+        self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.lr,
             betas=self.config.betas,
@@ -330,14 +295,13 @@ class TorchLearner:
         self, directory: str | Path, version: int, extra_state: Mapping[str, Any] | None = None
     ) -> Path:
         """Write a whole checkpoint into `directory` (the trainer makes it the latest once written:
-        see `pipelinerl.trainer.checkpoints`)."""
+        see `CheckpointDir.save`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._write_checkpoint(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
-        state = {"version": version, "extra_state": dict(extra_state or {})}
-        (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
+        write_trainer_state(directory, version, extra_state)
         log.info("checkpoint saved", directory=str(directory), version=version)
         return directory
 
@@ -353,16 +317,15 @@ class TorchLearner:
 
     def _write_checkpoint(self, staging: Path) -> None:
         """Model (HF safetensors) and optimizer state into `staging`."""
-        self.model.save_pretrained(staging, safe_serialization=True)
-        torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
+        save_weights(self.model, staging)
+        save_optimizer(self.optimizer, staging)
 
     def _read_checkpoint(self, directory: Path) -> None:
-        _load_weights(self.model, directory, self.device)
-        optimizer_state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(optimizer_state)
+        load_weights(self.model, directory, self.device)
+        load_optimizer(self.optimizer, directory, self.device)
 
 
-def shifted_logits(model: PreTrainedModel, batch: MicroBatch, temperature: float) -> torch.Tensor:
+def shifted_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> torch.Tensor:
     """Float32 logits at positions 0..L-2, divided by `temperature`: row t predicts token t + 1."""
     output = model(
         input_ids=batch.input_ids,
@@ -383,15 +346,6 @@ def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, 
     """How many completion tokens were generated how many versions ago."""
     counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
     return dict(sorted(counts.items()))
-
-
-def read_trainer_state(directory: str | Path) -> TrainerState:
-    """Version and extra state of the checkpoint in `directory`; FileNotFoundError if there is none."""
-    path = Path(directory) / STATE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no checkpoint ({STATE_FILE} is missing)")
-    state = json.loads(path.read_text())
-    return TrainerState(version=int(state["version"]), extra_state=state.get("extra_state", {}))
 
 
 def _reward_and_advantage_stats(
@@ -431,21 +385,3 @@ def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _load_weights(model: PreTrainedModel, directory: Path, device: torch.device) -> None:
-    """Load every safetensors shard; tied parameters (saved once by save_pretrained) are the only
-    names allowed to be missing."""
-    state: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        state.update(load_file(shard, device=str(device)))
-    result = model.load_state_dict(state, strict=False)
-    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
-        name for name, _ in model.named_parameters()
-    }
-    missing = set(result.missing_keys) - aliases
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"checkpoint in {directory} does not match the model: missing {sorted(missing)}, "
-            f"unexpected {sorted(result.unexpected_keys)}"
-        )

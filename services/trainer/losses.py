@@ -17,61 +17,11 @@ gradient however the step's samples were split.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, fields
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-
-class PolicyLossKind(enum.StrEnum):
-    REINFORCE = "reinforce"
-    """Truncated importance-sampled REINFORCE: -min(ratio, cap).detach() * A * logp (PipelineRL's default)."""
-    PPO = "ppo"
-    """PPO-clip with per-token ratios: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)."""
-    GSPO = "gspo"
-    """GSPO: one ratio per sequence, exp of the mean per-token log-ratio, clipped like PPO."""
-
-
-class TokenWeighting(enum.StrEnum):
-    TOKEN = "token"
-    """Mean over every completion token of the optimizer step: long sequences weigh more."""
-    SEQUENCE = "sequence"
-    """Mean over each sequence's tokens, then mean over sequences: every sequence weighs the same."""
-    SAMPLE_COUNT = "sample_count"
-    """Sum over tokens divided by the number of samples in the step (PipelineRL's normalisation)."""
-
-
-class LossConfig(BaseModel):
-    """Which policy loss to optimise and how its per-token terms are weighted."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: PolicyLossKind = PolicyLossKind.REINFORCE
-    """The policy-gradient objective."""
-    ratio_cap: float = Field(default=1.2, gt=0)
-    """REINFORCE only: importance weights above this are truncated to it. PipelineRL clamps at
-    1 + epsilon_high = 1.2; larger values trust stale tokens more (less bias, more variance)."""
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    """PPO only: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
-    gspo_clip_low: float = Field(default=3e-4, gt=0, lt=1)
-    """GSPO only: lower clip range of the sequence ratio (the GSPO paper's 3e-4)."""
-    gspo_clip_high: float = Field(default=4e-4, gt=0)
-    """GSPO only: upper clip range of the sequence ratio (the GSPO paper's 4e-4)."""
-    kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the k3 KL penalty to the frozen reference model; 0 needs no reference model."""
-    entropy_coef: float = Field(default=0.0, ge=0)
-    """Weight of the entropy bonus (subtracted from the loss); 0 still reports entropy."""
-    weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
-    """How per-token terms are averaged over the optimizer step."""
-    max_log_ratio: float = Field(default=10.0, gt=0)
-    """Every log-ratio (current vs behaviour, reference vs current) is clamped to ±this before exp,
-    so a token the two models disagree on wildly cannot overflow float32 into inf/NaN (PipelineRL
-    clamps its reference log-ratio at 10). Beyond the clamp a token's term has no gradient."""
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_coef > 0
+from pipelinerl.trainer.config import LossConfig, PolicyLossKind, TokenWeighting
 
 
 @dataclass(frozen=True)

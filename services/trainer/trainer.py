@@ -25,14 +25,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.trainer.checkpoints import CheckpointDir
-from pipelinerl.trainer.config import LagPolicy
-from pipelinerl.trainer.learner import Learner, StepMetrics, read_trainer_state
+from pipelinerl.trainer.checkpoint import CheckpointDir
+from pipelinerl.trainer.config import LagPolicy, TrainerSettings
+from pipelinerl.trainer.learner import Learner, StepMetrics
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 from pipelinerl.trainer.validation import check_sample
 from pipelinerl.weights.publisher import WeightPublisher
@@ -55,17 +54,6 @@ class _Group:
     samples: list[Sample] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class TrainerLoopConfig:
-    samples_per_step: int
-    max_lag: int
-    lag_policy: LagPolicy
-    max_buffered_samples: int
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int = 50
-    metrics_file: Path | None = None
-
-
 class Trainer:
     """Implements `TrainerCore` over a `Learner` and a `WeightPublisher`."""
 
@@ -73,17 +61,21 @@ class Trainer:
         self,
         learner: Learner,
         publisher: WeightPublisher,
-        config: TrainerLoopConfig,
+        settings: TrainerSettings,
         on_halt: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
-        """`on_halt(reason)` is awaited if training stops for good (e.g. to report NOT_SERVING)."""
+        """`settings` give the step size, lag policy, buffer, checkpoints and metrics file (the
+        learner and publisher have taken theirs). `on_halt(reason)` is awaited if training stops
+        for good (e.g. to report NOT_SERVING)."""
         self.learner = learner
         self.publisher = publisher
-        self.config = config
+        self.settings = settings
         self.version = 0
         self.trained_ids: dict[str, int] = {}
         """Every sample id trained on (checkpointed with the weights) -> the version its step produced."""
-        self._checkpoints = None if config.checkpoint_dir is None else CheckpointDir(config.checkpoint_dir)
+        self._checkpoints = (
+            None if settings.checkpoint_dir is None else CheckpointDir(settings.checkpoint_dir)
+        )
         self._groups: dict[str, _Group] = {}
         self._held: dict[str, AckSink] = {}
         """Accepted, not yet trained: sample id -> where its final ack goes (the latest stream that
@@ -92,10 +84,10 @@ class Trainer:
         self._buffered = 0
         self._counts = {"dropped": 0, "rejected": 0}
         self._freshest = -1
+        """Newest token version of any admitted sample: how far generation has caught up."""
         self._lost: list[tuple[int, int]] = []
         """(first lost, resumed) per restart: versions first..resumed-1 died with a crash and
         `resumed` republished the weights of first - 1, so none of them is a step."""
-        """Newest token version of any admitted sample: how far generation has caught up."""
         self._tokens_per_s = 0.0
         self._changed = asyncio.Condition()
         self._loop_task: asyncio.Task[None] | None = None
@@ -109,25 +101,14 @@ class Trainer:
         """Groups in a row rejected because a step failed on them alone; 0 after a step succeeds."""
 
     async def start(self) -> None:
-        """Resume from the latest checkpoint if there is one, publish the current version, train.
-
-        Versions published after that checkpoint are lost with the crash, and receivers still hold
-        them; the resumed weights are published as a version newer than any published before, so
-        receivers take them and lag stays meaningful."""
+        """Resume from the latest checkpoint if there is one (`CheckpointDir.resume`), publish the
+        current version, train."""
         if self._checkpoints is not None:
-            self._checkpoints.clean()
-            latest = self._checkpoints.latest()
-            if latest is not None:
-                self.version = await asyncio.to_thread(self.learner.load_checkpoint, latest)
-                extra = read_trainer_state(latest).extra_state
-                self.trained_ids = dict(extra.get("trained", {}))
-                self._lost = [(a, b) for a, b in extra.get("lost_versions", [])]
-                self._checkpointed = self.version
-            if (published := self._checkpoints.published()) > self.version:
-                self._lost.append((self.version + 1, published + 1))
-                self.version = published + 1
-            if latest is not None or published >= 0:
-                log.info("resumed", checkpoint=str(latest), version=self.version,
+            resumed = await asyncio.to_thread(self._checkpoints.resume, self.learner)
+            self.version, self._checkpointed = resumed.version, resumed.checkpointed
+            self.trained_ids, self._lost = resumed.trained_ids, resumed.lost
+            if resumed.checkpoint is not None or resumed.published >= 0:
+                log.info("resumed", checkpoint=str(resumed.checkpoint), version=self.version,
                          durable_version=self._checkpointed, trained_ids=len(self.trained_ids))  # fmt: skip
         bind_context(version=self.version)
         await self._publish()
@@ -150,7 +131,7 @@ class Trainer:
     async def admit(self, samples: Sequence[Sample | Malformed], on_ack: AckSink) -> None:
         async with self._changed:
             # Backpressure: stop reading the stream while the buffer is full.
-            await self._changed.wait_for(lambda: self._buffered < self.config.max_buffered_samples)
+            await self._changed.wait_for(lambda: self._buffered < self.settings.max_buffered_samples)
             for index, sample in enumerate(samples):
                 self._admit_one(index, sample, on_ack)
             self._changed.notify_all()
@@ -159,7 +140,7 @@ class Trainer:
         async with self._changed:
             # A step under way or due frees the client's slots by itself, and a client still stalled
             # after it asks again; a partial step now would only add a version of lag.
-            due = self._stepping or self._ready_samples() >= self.config.samples_per_step
+            due = self._stepping or self._ready_samples() >= self.settings.samples_per_step
             self._flushing = bool(self._ready) and not due
             self._checkpoint_wanted = self._checkpoint_wanted or checkpoint
             self._changed.notify_all()
@@ -238,7 +219,7 @@ class Trainer:
         """A valid sample: dropped for lag, or buffered in its group until a step trains it."""
         self._freshest = max(self._freshest, max(sample.completion.versions))
         lag = self.lag(min(sample.completion.versions), self.version)
-        if lag > self.config.max_lag and self.config.lag_policy is LagPolicy.DROP:
+        if lag > self.settings.max_lag and self.settings.lag_policy is LagPolicy.DROP:
             self._counts["dropped"] += 1
             on_ack(SampleAck(sample.sample_id, Disposition.DROPPED, self.version))
         else:
@@ -254,11 +235,11 @@ class Trainer:
 
     def _generation_caught_up(self) -> bool:
         """Policy wait: may the trainer take the step to version + 1? (Always, for other policies.)"""
-        if self.config.lag_policy is not LagPolicy.WAIT:
+        if self.settings.lag_policy is not LagPolicy.WAIT:
             return True
-        if self.lag(self._freshest, self.version + 1) <= self.config.max_lag:
+        if self.lag(self._freshest, self.version + 1) <= self.settings.max_lag:
             return True
-        if self._buffered >= self.config.max_buffered_samples:
+        if self._buffered >= self.settings.max_buffered_samples:
             log.warning(
                 "lag policy wait: buffer full of stale samples, stepping anyway", freshest=self._freshest
             )
@@ -286,7 +267,7 @@ class Trainer:
                         or (self._flushing and bool(self._ready))
                         or (self._checkpoint_wanted and not self._flushing)
                         or (
-                            self._ready_samples() >= self.config.samples_per_step
+                            self._ready_samples() >= self.settings.samples_per_step
                             and self._generation_caught_up()
                         )
                     )
@@ -294,7 +275,7 @@ class Trainer:
                 if self._stopping:
                     return
                 batch: list[_Group] = []
-                while self._ready and sum(len(g.samples) for g in batch) < self.config.samples_per_step:
+                while self._ready and sum(len(g.samples) for g in batch) < self.settings.samples_per_step:
                     batch.append(self._ready.pop(0))
                 self._stepping = bool(batch)
             if batch:
@@ -336,7 +317,7 @@ class Trainer:
             self._changed.notify_all()
         self._tokens_per_s = metrics.tokens_per_s
         self._record(metrics, wait_s, publish_s, time.perf_counter() - started)
-        if metrics.stepped and self.version % self.config.checkpoint_every == 0:
+        if metrics.stepped and self.version % self.settings.checkpoint_every == 0:
             await self._checkpoint()
 
     async def _step_failed(self, groups: list[_Group], error: Exception, wait_s: float) -> None:
@@ -375,8 +356,8 @@ class Trainer:
         line["lag_histogram"] = {str(k): v for k, v in metrics.lag_histogram.items()}
         log.info("step", version=self.version, reward=round(metrics.reward_mean, 4), samples=metrics.samples,
                  loss=round(metrics.loss, 5), seconds=round(step_s, 3))  # fmt: skip
-        if self.config.metrics_file is not None:
-            with self.config.metrics_file.open("a") as f:
+        if self.settings.metrics_file is not None:
+            with self.settings.metrics_file.open("a") as f:
                 f.write(json.dumps(line) + "\n")
 
     async def _publish(self) -> None:
@@ -388,10 +369,9 @@ class Trainer:
         if self._checkpoints is None:
             self._checkpointed = self.version
             return
-        staging = self._checkpoints.stage(self.version)
-        extra = {"trained": self.trained_ids, "lost_versions": self._lost}
-        await asyncio.to_thread(self.learner.save_checkpoint, staging, self.version, extra)
-        await asyncio.to_thread(self._checkpoints.commit, staging)
+        await asyncio.to_thread(
+            self._checkpoints.save, self.learner, self.version, self.trained_ids, self._lost
+        )
         async with self._changed:
             self._checkpointed = self.version
             self._changed.notify_all()

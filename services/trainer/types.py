@@ -30,8 +30,8 @@ class SampleAck:
     sample_id: str
     disposition: Disposition
     version: int
-    """For TRAINED (and DUPLICATE of a trained id), the version its step produced; otherwise the
-    trainer's version at the time."""
+    """For TRAINED and DUPLICATE, the version its step produced; otherwise the trainer's version at
+    the time."""
     error: ErrorInfo | None = None
 
 

@@ -9,8 +9,7 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
-from pipelinerl.trainer.checkpoints import CheckpointDir
-from pipelinerl.trainer.learner import read_trainer_state
+from pipelinerl.trainer.checkpoint import CheckpointDir, read_trainer_state
 
 
 def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]:

@@ -18,8 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from pipelinerl.common.channel import free_port
 from pipelinerl.common.model import build_preset
+from pipelinerl.trainer.checkpoint import read_trainer_state
 from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.learner import TorchLearner, read_trainer_state
+from pipelinerl.trainer.learner import TorchLearner
 from pipelinerl.trainer.types import Disposition
 from tests.integration.processes import ROOT, start_trainer
 from tests.integration.test_trainer_loop import batches, final, group

@@ -11,8 +11,7 @@ from pydantic import ValidationError
 
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.config import LagPolicy, TrainerSettings
-from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.config import LagPolicy, LearnerConfig, TrainerSettings
 from pipelinerl.trainer.types import Disposition
 from tests.integration.test_trainer_loop import Stream, batches, final, group
 

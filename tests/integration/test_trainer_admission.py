@@ -20,10 +20,10 @@ from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.config import LagPolicy, TrainerSettings
-from pipelinerl.trainer.learner import LearnerConfig, StepMetrics, TorchLearner
+from pipelinerl.trainer.config import LagPolicy, LearnerConfig, TrainerSettings
+from pipelinerl.trainer.learner import StepMetrics, TorchLearner
 from pipelinerl.trainer.server import registration
-from pipelinerl.trainer.trainer import MAX_FAILED_GROUPS, Trainer, TrainerLoopConfig
+from pipelinerl.trainer.trainer import MAX_FAILED_GROUPS, Trainer
 from pipelinerl.trainer.types import Disposition, SampleAck
 from pipelinerl.weights.publisher import WeightPublisher
 from pipelinerl.weights.settings import PublisherSettings
@@ -167,7 +167,9 @@ class FailingLearner(TorchLearner):
 async def serve(learner: TorchLearner, samples_per_step: int) -> tuple[GrpcServer, Trainer]:
     publisher = WeightPublisher(PublisherSettings(broadcast_backend="none"), run_id="t")
     await publisher.start()
-    loop = TrainerLoopConfig(samples_per_step, max_lag=4, lag_policy=LagPolicy.DROP, max_buffered_samples=64)
+    loop = TrainerSettings(
+        samples_per_step=samples_per_step, max_lag=4, lag_policy=LagPolicy.DROP, max_buffered_samples=64
+    )
     trainer = Trainer(learner, publisher, loop, on_halt=lambda reason: server.set_not_serving(reason))
     server = GrpcServer(
         ServiceSettings(port=0, drain_seconds=1),

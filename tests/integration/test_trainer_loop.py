@@ -16,8 +16,7 @@ from pipelinerl.common.channel import free_port
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.config import TrainerSettings
-from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.config import LearnerConfig, TrainerSettings
 from pipelinerl.trainer.types import Disposition, SampleAck
 from pipelinerl.weights.types import WatchRequest
 from tests.integration.processes import start_trainer

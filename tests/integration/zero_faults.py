@@ -18,8 +18,8 @@ import torch
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner, ZeroConfig
-from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.config import LearnerConfig, ZeroConfig
+from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
 
 
 def group(name: str, rewards: list[float]) -> list[Sample]:

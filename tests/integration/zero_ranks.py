@@ -17,8 +17,8 @@ import deepspeed
 import torch
 
 from pipelinerl.common.model import build_preset
-from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner, ZeroConfig
-from pipelinerl.trainer.learner import LearnerConfig
+from pipelinerl.trainer.config import LearnerConfig, ZeroConfig
+from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
 from pipelinerl.weights import buckets
 
 LEARNER = LearnerConfig(lr=1e-3, micro_batch_tokens=64)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.trainer.advantages import AdvantageConfig, Baseline, compute_advantages
+from pipelinerl.trainer.advantages import compute_advantages
+from pipelinerl.trainer.config import AdvantageConfig, Baseline
 
 
 def _group(group_id: str, rewards: list[float]) -> list[Sample]:

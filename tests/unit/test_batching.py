@@ -12,10 +12,16 @@ from transformers import PreTrainedModel
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import Sample, TokenSequence
-from pipelinerl.trainer.advantages import AdvantageConfig, compute_advantages
+from pipelinerl.trainer.advantages import compute_advantages
 from pipelinerl.trainer.batching import collate, pack, plan_step
-from pipelinerl.trainer.learner import LearnerConfig, TorchLearner
-from pipelinerl.trainer.losses import LossConfig, PolicyLossKind, TokenWeighting
+from pipelinerl.trainer.config import (
+    AdvantageConfig,
+    LearnerConfig,
+    LossConfig,
+    PolicyLossKind,
+    TokenWeighting,
+)
+from pipelinerl.trainer.learner import TorchLearner
 
 PAD = 0
 

@@ -6,8 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipelinerl.trainer.checkpoints import CheckpointDir
-from pipelinerl.trainer.learner import STATE_FILE, read_trainer_state
+from pipelinerl.trainer.checkpoint import STATE_FILE, CheckpointDir, read_trainer_state
 from pipelinerl.trainer.trainer import lineage_lag
 
 

@@ -14,9 +14,10 @@ from transformers import PreTrainedModel
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.model import build_preset, load_model
 from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.trainer.checkpoint import read_trainer_state
+from pipelinerl.trainer.config import LearnerConfig, LossConfig
 from pipelinerl.trainer.deepspeed_learner import DeepSpeedLearner
-from pipelinerl.trainer.learner import LearnerConfig, TorchLearner, read_trainer_state
-from pipelinerl.trainer.losses import LossConfig
+from pipelinerl.trainer.learner import TorchLearner
 from pipelinerl.trainer.validation import SampleLimits
 
 PROMPT = [1, 14, 15]  # <bos> "ab"

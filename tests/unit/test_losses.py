@@ -7,13 +7,11 @@ import math
 import pytest
 import torch
 
+from pipelinerl.trainer.config import LossConfig, PolicyLossKind, TokenWeighting
 from pipelinerl.trainer.losses import (
-    LossConfig,
     LossInputs,
     LossStats,
-    PolicyLossKind,
     StepTotals,
-    TokenWeighting,
     entropy_from_logits,
     k3_kl,
     policy_loss,
