@@ -25,7 +25,8 @@ import torch
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import SamplingParams
-from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.engine import InferenceEngine
 from pipelinerl.inference.types import GenerationRequest
 
 log = get_logger("benchmarks.engine")
@@ -51,7 +52,9 @@ def draw_length(rng: random.Random, args: argparse.Namespace) -> int:
 
 def run_engine(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
     """Useful tokens and seconds for the built-in engine."""
-    engine = InferenceEngine(loaded.model, loaded.tokenizer, EngineConfig(max_running=batch, ignore_eos=True))
+    engine = InferenceEngine(
+        loaded.model, loaded.tokenizer, EngineSettings(max_running=batch, ignore_eos=True)
+    )
     started = time.perf_counter()
     for i, (prompt, max_new) in enumerate(workload):
         engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, seed=i)))

@@ -64,7 +64,8 @@ from pipelinerl.common.model import build_tokenizer, preset_config
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import SamplingParams, WeightVersion
-from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.engine import InferenceEngine
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.server import registration
@@ -434,7 +435,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     model = build_model(args, tokenizer)
     sizes = parameter_bytes(model)
     log.info("model", params=sizes[0], mib=round(sizes[1] / 2**20, 1))
-    engine = InferenceEngine(model, tokenizer, EngineConfig(max_running=args.requests, ignore_eos=True))
+    engine = InferenceEngine(model, tokenizer, EngineSettings(max_running=args.requests, ignore_eos=True))
     warm_up(engine, tokenizer)
     context = mp.get_context("spawn")  # a fresh interpreter: no forked grpc or torch thread state
     conn, child_conn = context.Pipe()

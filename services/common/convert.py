@@ -12,6 +12,7 @@ import math
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.common.v1 import common_pb2 as pb
+from pipelinerl.inference.validation import check_sampling
 from pipelinerl.weights.types import (
     BucketSpec,
     Checksum,
@@ -21,45 +22,26 @@ from pipelinerl.weights.types import (
     WeightLayout,
 )
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_BYTES = 256
-
 _FINISH_TO_PROTO = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
 }
-_FINISH_FROM_PROTO = {v: k for k, v in _FINISH_TO_PROTO.items()}
+_FINISH_FROM_PROTO: dict[int, FinishReason] = {v: k for k, v in _FINISH_TO_PROTO.items()}
 
 
 def sampling_from_proto(msg: pb.SamplingParams, field: str = "sampling") -> SamplingParams:
-    temperature = msg.temperature if msg.HasField("temperature") else 1.0
-    top_p = msg.top_p if msg.HasField("top_p") else 1.0
-    checks = [
-        (msg.max_new_tokens >= 1, "max_new_tokens", "must be at least 1"),
-        (0.0 <= temperature <= 100.0, "temperature", "must be in [0, 100]"),
-        (0.0 < top_p <= 1.0, "top_p", "must be in (0, 1]"),
-        (msg.top_k >= 0, "top_k", "must be >= 0"),
-        (all(t >= 0 for t in msg.stop_token_ids), "stop_token_ids", "token ids must be >= 0"),
-        (len(msg.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings"),
-        (
-            all(0 < len(s.encode()) <= MAX_STOP_STRING_BYTES for s in msg.stop),
-            "stop",
-            f"stop strings must be 1 to {MAX_STOP_STRING_BYTES} bytes",
-        ),
-    ]
-    for ok, name, why in checks:
-        if not ok:
-            raise InvalidArgument.field(f"{field}.{name}", why)
-    return SamplingParams(
+    params = SamplingParams(
         max_new_tokens=msg.max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0,
         top_k=msg.top_k,
         stop_token_ids=tuple(msg.stop_token_ids),
         stop=tuple(msg.stop),
         seed=msg.seed if msg.HasField("seed") else None,
     )
+    check_sampling(params, field)
+    return params
 
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from pipelinerl.common.log import get_logger
@@ -36,7 +37,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     initial_version = -1 if settings.trainer_address is not None else 0
     runner = await _start_engine(settings, initial_version)
     servicer = InferenceServicer(runner)
-    on_close = [runner.stop]
+    on_close: list[Callable[[], Awaitable[None]]] = [runner.stop]
     if settings.trainer_address is not None:
         trainer = TrainerClient(
             ChannelConfig(
@@ -73,34 +74,17 @@ async def _start_engine(settings: InferenceSettings, initial_version: int) -> En
     if settings.engine == "vllm":
         from pipelinerl.inference.vllm_engine import VllmBackend
 
-        return await VllmBackend.create(
-            settings.model,
-            seed=settings.seed,
-            dtype=settings.dtype,
-            max_running=settings.max_running,
-            max_new_tokens=settings.max_new_tokens,
-            max_model_len=settings.max_model_len,
-            kv_cache_gib=settings.kv_cache_gib,
-            weight_version=initial_version,
-            ignore_eos=settings.ignore_eos,
-        )
+        return await VllmBackend.create(settings, weight_version=initial_version)
     import torch
 
     from pipelinerl.common.model import load_model
-    from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+    from pipelinerl.inference.engine import InferenceEngine
     from pipelinerl.inference.runner import EngineRunner
 
     loaded = load_model(
         settings.model, seed=settings.seed, dtype=getattr(torch, settings.dtype), device=settings.device
     )
-    config = EngineConfig(
-        max_running=settings.max_running,
-        max_queued=settings.max_queued,
-        max_new_tokens=settings.max_new_tokens,
-        max_model_len=settings.max_model_len,
-        ignore_eos=settings.ignore_eos,
-    )
-    engine = InferenceEngine(loaded.model, loaded.tokenizer, config, weight_version=initial_version)
+    engine = InferenceEngine(loaded.model, loaded.tokenizer, settings, weight_version=initial_version)
     runner = EngineRunner(engine, settings.model)
     runner.start()
     return runner

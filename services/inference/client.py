@@ -140,7 +140,8 @@ class GenerateSession:
         why = "the Generate stream was cancelled"
         try:
             # read() rather than `async for`: gRPC forbids mixing iteration with write().
-            while (response := await self._call.read()) is not grpc.aio.EOF:
+            # read() returns grpc.aio.EOF once the server ends the stream.
+            while isinstance(response := await self._call.read(), pb.GenerateResponse):
                 await self._dispatch(response)
             why = "the inference server ended the stream"
         except grpc.aio.AioRpcError as err:  # any status: the server went away, not the requests

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import ServiceSettings
 
 
-class InferenceSettings(ServiceSettings):
-    """The inference server: the built-in continuous-batching engine with in-flight weight updates."""
+class EngineSettings(BaseModel):
+    """The engine's section: which model it serves and how much it runs at once. Both engines
+    (`InferenceEngine`, `VllmBackend`) take it as it is."""
 
-    model_config = SettingsConfigDict(env_prefix="PIPELINERL_INFERENCE_")
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
 
-    port: int = Field(default=50051, ge=0, le=65535)
-    """Port to bind; 0 picks a free one."""
     engine: Literal["builtin", "vllm"] = "builtin"
     """`builtin` (torch + transformers, CPU or GPU) or `vllm` (vLLM's AsyncLLM; run from the vLLM
     virtualenv that `make vllm-env` builds)."""
@@ -35,15 +34,29 @@ class InferenceSettings(ServiceSettings):
     max_running: int = Field(default=64, ge=1)
     """Sequences decoded together; also the flow-control window advertised to clients."""
     max_queued: int = Field(default=1024, ge=0)
-    """Accepted requests waiting for a free row."""
+    """Accepted requests waiting for a free row; beyond this a request is refused (built-in only)."""
     max_new_tokens: int = Field(default=4096, ge=1)
     """Largest `max_new_tokens` a request may ask for."""
     max_model_len: int | None = Field(default=None, ge=1)
-    """Context length; unset means the model's own."""
+    """Context length (prompt + completion); unset means the model's own."""
+    max_prefill_tokens: int = Field(default=8192, ge=1)
+    """Built-in only: padded prompt tokens prefilled in one step, so newcomers stall the running
+    batch only briefly; a single prompt is always admitted."""
     kv_cache_gib: float = Field(default=1.0, gt=0)
     """vLLM only: size of its KV cache in GiB."""
     ignore_eos: bool = False
-    """Keep generating past end-of-sequence tokens (fixed-length rollouts, benchmarks)."""
+    """Keep generating past end-of-sequence tokens (fixed-length rollouts, benchmarks); explicit
+    `stop_token_ids` still stop."""
+
+
+class InferenceSettings(ServiceSettings, EngineSettings):
+    """The inference server: an engine (its `EngineSettings`) that follows the trainer's weights."""
+
+    # Annotated, as BaseSettings and BaseModel (of EngineSettings) declare it with different types.
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(env_prefix="PIPELINERL_INFERENCE_")
+
+    port: int = Field(default=50051, ge=0, le=65535)
+    """Port to bind; 0 picks a free one."""
     trainer_address: str | None = None
     """`host:port` of the trainer to follow for weight updates; unset serves the initial weights forever."""
     trainer_auth_token: str | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 
@@ -39,7 +39,9 @@ class _GenerateStream:
         self._out: asyncio.Queue[pb.GenerateResponse | Exception | None] = asyncio.Queue()
         """Responses to send; None ends the stream, an exception ends it with that error."""
 
-    async def run(self, requests: AsyncIterator[pb.GenerateRequest]) -> AsyncIterator[pb.GenerateResponse]:
+    async def run(
+        self, requests: AsyncIterator[pb.GenerateRequest]
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         yield capacity_to_proto(self._backend.limits, self._window())
         reader = asyncio.create_task(self._read(requests))
         drain_watch = asyncio.create_task(self._on_drain())

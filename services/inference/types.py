@@ -79,3 +79,8 @@ class InferenceBackend(Protocol):
         ...
 
     def status(self) -> EngineStatus: ...
+
+
+def tokens_from(tokens: TokenSequence, start: int) -> TokenSequence:
+    """The tokens from index `start` on: what a delta update carries."""
+    return TokenSequence(tokens.token_ids[start:], tokens.logprobs[start:], tokens.versions[start:])

@@ -45,13 +45,18 @@ import torch
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
-from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.stop import completion_text
+from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits, tokens_from
+from pipelinerl.inference.validation import check_request
 from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
 from pipelinerl.weights.types import WeightLayout
 
+# vLLM lives in its own virtualenv (`make vllm-env`) and the type checker runs in the main one:
+# hence `ignore[reportMissingImports]` on each vLLM import here.
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]
 
     from pipelinerl.weights.receiver import WeightReceiver
 
@@ -73,6 +78,7 @@ class VllmBackend:
         *,
         weight_version: int = 0,
         run_id: str = "",
+        ignore_eos: bool = False,
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -83,6 +89,7 @@ class VllmBackend:
         self.last_stall_s = 0.0
         """Pause-to-resume time of the last update: what running requests waited."""
         self._limits = limits
+        self._ignore_eos = ignore_eos
         self._version = weight_version
         self._salt_version = weight_version  # the version new requests will be scheduled under
         self._update_lock = asyncio.Lock()
@@ -92,27 +99,17 @@ class VllmBackend:
         self._failed_updates = 0
 
     @classmethod
-    async def create(
-        cls,
-        model: str,
-        *,
-        seed: int = 0,
-        dtype: str = "float32",
-        max_running: int = 64,
-        max_new_tokens: int = 4096,
-        max_model_len: int | None = None,
-        kv_cache_gib: float = 1.0,
-        weight_version: int = 0,
-        ignore_eos: bool = False,
-    ) -> VllmBackend:
-        """Start AsyncLLM on `model` (a local HF directory, or a preset name, exported to a temporary
-        directory first because vLLM loads only from disk). Must be awaited in the serving loop."""
+    async def create(cls, settings: EngineSettings, *, weight_version: int = 0) -> VllmBackend:
+        """Start AsyncLLM on `settings.model` (a local HF directory, or a preset name, exported to a
+        temporary directory first because vLLM loads only from disk). Must be awaited in the serving
+        loop."""
         from transformers import AutoTokenizer
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # pyright: ignore[reportMissingImports]
+        from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]
 
         from pipelinerl.common.model import PRESETS, export_preset
 
+        model, seed = settings.model, settings.seed
         path = model
         if model in PRESETS:
             # Kept for the process's lifetime: vLLM reads the directory again on reload from disk.
@@ -120,12 +117,12 @@ class VllmBackend:
         args = AsyncEngineArgs(
             model=path,
             tokenizer=path,
-            dtype=dtype,
+            dtype=settings.dtype,
             seed=seed,
-            max_model_len=max_model_len,
-            max_num_seqs=max_running,
+            max_model_len=settings.max_model_len,
+            max_num_seqs=settings.max_running,
             # The cache size as an engine argument, not VLLM_CPU_KVCACHE_SPACE: no process-wide env.
-            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+            kv_cache_memory_bytes=int(settings.kv_cache_gib * 2**30),
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION_CLASS,
             # Graph capture and compilation cost minutes on a small CPU and win little on tiny models.
@@ -135,15 +132,12 @@ class VllmBackend:
         llm = AsyncLLM.from_engine_args(args)
         context = llm.model_config.max_model_len
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        limits = Limits(settings.max_running, min(settings.max_new_tokens, context), context)
         backend = cls(
-            llm, tokenizer, Limits(max_running, min(max_new_tokens, context), context), model,
-            weight_version=weight_version,
-        )  # fmt: skip
-        backend._ignore_eos = ignore_eos
+            llm, tokenizer, limits, model, weight_version=weight_version, ignore_eos=settings.ignore_eos
+        )
         await llm.update_weight_version(str(weight_version))
         return backend
-
-    _ignore_eos = False
 
     async def stop(self) -> None:
         self.llm.shutdown()
@@ -162,9 +156,9 @@ class VllmBackend:
         return list(self.tokenizer(text)["input_ids"])
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
-        self._validate(request)
+        self._check(request)
         request_id = request.request_id
         self._live.add(request_id)
         tokens = TokenSequence()
@@ -188,18 +182,17 @@ class VllmBackend:
                 self._count(len(new_ids))
                 if completion.finish_reason is None:
                     if request.stream_tokens and len(tokens) > emitted:
-                        yield GenerationUpdate(request_id, _slice(tokens, emitted))
+                        yield GenerationUpdate(request_id, tokens_from(tokens, emitted))
                         emitted = len(tokens)
                     continue
                 finished = True
                 if completion.weight_versions:
                     tokens.versions = _versions_from_spans(completion.weight_versions, tokens.versions)
-                text = self.tokenizer.decode(tokens.token_ids, skip_special_tokens=True)
-                text = _cut_at_stop_string(text, request.sampling.stop)
+                text = completion_text(self.tokenizer, tokens.token_ids, request.sampling.stop)
                 reason = _FINISH_REASONS.get(completion.finish_reason, FinishReason.STOP)
-                yield GenerationUpdate(request_id, _slice(tokens, emitted), reason, text)
+                yield GenerationUpdate(request_id, tokens_from(tokens, emitted), reason, text)
                 return
-        except ValueError as exc:  # vLLM's input validation, for what _validate does not check
+        except ValueError as exc:  # vLLM's input validation, for what check_request does not check
             raise InvalidArgument(str(exc)) from exc
         finally:
             self._live.discard(request_id)
@@ -266,8 +259,8 @@ class VllmBackend:
     # ---- helpers ------------------------------------------------------------------------------
 
     def _sampling_params(self, params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import SamplingParams as VllmSamplingParams  # pyright: ignore[reportMissingImports]
+        from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
 
         return VllmSamplingParams(
             n=1,
@@ -286,33 +279,10 @@ class VllmBackend:
             include_stop_str_in_output=True,
         )
 
-    def _validate(self, request: GenerationRequest) -> None:
-        if not request.request_id:
-            raise InvalidArgument.field("request_id", "must not be empty")
+    def _check(self, request: GenerationRequest) -> None:
+        check_request(request, self._limits, self._vocab_size, self.tokenizer)
         if request.request_id in self._live:
             raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise InvalidArgument.field("prompt_token_ids", "must not be empty")
-        for i, token in enumerate(prompt):
-            if not 0 <= token < self._vocab_size:
-                raise InvalidArgument.field(
-                    f"prompt_token_ids[{i}]",
-                    f"token id {token} is outside the vocabulary [0, {self._vocab_size})",
-                )
-        params = request.sampling
-        if not 1 <= params.max_new_tokens <= self._limits.max_new_tokens:
-            raise InvalidArgument.field(
-                "sampling.max_new_tokens", f"must be in [1, {self._limits.max_new_tokens}]"
-            )
-        if len(prompt) + params.max_new_tokens > self._limits.max_context:
-            raise InvalidArgument.field(
-                "sampling.max_new_tokens",
-                f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) exceeds the context "
-                f"of {self._limits.max_context} tokens",
-            )
-        if not 0 <= params.temperature <= 100 or not 0 < params.top_p <= 1 or params.top_k < 0:
-            raise InvalidArgument.field("sampling", "temperature in [0, 100], top_p in (0, 1], top_k >= 0")
 
     def _count(self, n: int) -> None:
         now = time.monotonic()
@@ -343,12 +313,3 @@ def _versions_from_spans(spans: Any, fallback: list[int]) -> list[int]:
             continue
         versions[span.start : span.end] = [version] * (span.end - span.start)
     return versions
-
-
-def _slice(tokens: TokenSequence, start: int) -> TokenSequence:
-    return TokenSequence(tokens.token_ids[start:], tokens.logprobs[start:], tokens.versions[start:])
-
-
-def _cut_at_stop_string(text: str, stops: tuple[str, ...]) -> str:
-    cuts = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return text[: min(cuts)] if cuts else text

@@ -21,7 +21,8 @@ it imports torch and pipelinerl's light modules only, never grpc.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -75,13 +76,19 @@ def verified_tensors(wire: WireLayout, buckets: list[bytes]) -> dict[str, torch.
 class WeightUpdateExtension:
     """Mixed into vLLM's Worker (`worker_extension_cls`); `self` is the Worker at run time."""
 
+    if TYPE_CHECKING:  # what the Worker provides (vLLM is not installed where the checker runs)
+        vllm_config: Any
+        model_runner: Any
+
+        def reload_weights(self, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> None: ...
+
     def pipelinerl_apply_weights(self, version: int, wire: WireLayout, buckets: list[bytes]) -> int:
         """Verify, then load version `version`; returns the number of tensors loaded.
 
         Raises FailedPrecondition, with the model untouched, if any bucket does not match."""
         named = verified_tensors(wire, buckets)
         self._pipelinerl_check_names(named)
-        self.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
+        self.reload_weights(weights_iterator=iter(named.items()))
         self._pipelinerl_refresh_tied_head()
         self._pipelinerl_version = version
         return len(named)
@@ -90,12 +97,13 @@ class WeightUpdateExtension:
         # On CPU, vLLM packs the output layer's weight for its GEMM after loading. With tied
         # embeddings, reload_weights writes the shared matrix but leaves that packed copy stale,
         # so the logits would keep coming from the old weights: pack it again.
-        from vllm.config import set_current_vllm_config
+        # vLLM lives in its own virtualenv; the type checker runs in the main one.
+        from vllm.config import set_current_vllm_config  # pyright: ignore[reportMissingImports]
 
-        config = self.vllm_config  # type: ignore[attr-defined]
+        config = self.vllm_config
         if not getattr(config.model_config.hf_config, "tie_word_embeddings", False):
             return
-        head = getattr(self.model_runner.get_model(), "lm_head", None)  # type: ignore[attr-defined]
+        head = getattr(self.model_runner.get_model(), "lm_head", None)
         method = getattr(head, "quant_method", None)
         if method is not None:
             with set_current_vllm_config(config):
@@ -112,7 +120,7 @@ class WeightUpdateExtension:
         # reference: the trainer publishes the same names and shapes.
         expected = getattr(self, "_pipelinerl_checkpoint_shapes", None)
         if expected is None:
-            expected = _checkpoint_shapes(self.vllm_config.model_config.model)  # type: ignore[attr-defined]
+            expected = _checkpoint_shapes(self.vllm_config.model_config.model)
             self._pipelinerl_checkpoint_shapes = expected
         if not expected:  # not a local safetensors directory: nothing to compare against
             return

@@ -25,7 +25,7 @@ def test_sampling_defaults_and_round_trip() -> None:
         (pb.SamplingParams(max_new_tokens=1, temperature=-1), "sampling.temperature"),
         (pb.SamplingParams(max_new_tokens=1, top_p=0), "sampling.top_p"),
         (pb.SamplingParams(max_new_tokens=1, top_k=-2), "sampling.top_k"),
-        (pb.SamplingParams(max_new_tokens=1, stop=[""]), "sampling.stop"),
+        (pb.SamplingParams(max_new_tokens=1, stop=[""]), "sampling.stop[0]"),
     ],
 )
 def test_bad_sampling_names_the_field(msg: pb.SamplingParams, field: str) -> None:

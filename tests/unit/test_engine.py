@@ -13,13 +13,14 @@ from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, Resour
 from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference import engine as engine_module
-from pipelinerl.inference.engine import EngineConfig, FailedUpdate, InferenceEngine
+from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 # Random weights emit EOS now and then; comparisons with fixed lengths switch it off.
-NO_EOS = EngineConfig(ignore_eos=True)
+NO_EOS = EngineSettings(ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def run(engine: InferenceEngine) -> dict[str, GenerationUpdate]:
 
 def test_greedy_equals_hf_generate_with_requests_joining_mid_flight(tiny: LoadedModel) -> None:
     # 3 rows for 5 requests: some wait in the queue, rows are reused and compacted as requests end.
-    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineConfig(max_running=3, ignore_eos=True))
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineSettings(max_running=3, ignore_eos=True))
     lengths = [24, 9, 17, 5, 13]
     finals: dict[str, GenerationUpdate] = {}
     # Two prompts of different lengths share a padded prefill; the others join one per step.
@@ -156,7 +157,7 @@ def test_max_new_tokens_ends_with_length(tiny: LoadedModel) -> None:
 
 
 def test_abort_frees_the_row_for_the_next_request(tiny: LoadedModel) -> None:
-    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineConfig(max_running=1, ignore_eos=True))
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineSettings(max_running=1, ignore_eos=True))
     long = SamplingParams(temperature=0, max_new_tokens=200)
     for request_id in ("first", "second", "third"):
         engine.add_request(request(request_id, encode(tiny, PROMPTS[0]), long))
@@ -179,7 +180,7 @@ def test_abort_frees_the_row_for_the_next_request(tiny: LoadedModel) -> None:
 
 
 def test_full_queue_raises_resource_exhausted(tiny: LoadedModel) -> None:
-    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineConfig(max_running=1, max_queued=2))
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineSettings(max_running=1, max_queued=2))
     for i in range(2):
         engine.add_request(request(f"r{i}", encode(tiny, "a")))
     with pytest.raises(ResourceExhausted):
@@ -274,7 +275,7 @@ OK_PROMPT = [1, 5]
 def test_bad_requests_raise_invalid_argument_naming_the_field(
     tiny: LoadedModel, request_id: str, prompt: list[int], sampling: dict[str, object], field: str
 ) -> None:
-    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineConfig(max_new_tokens=64))
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineSettings(max_new_tokens=64))
     with pytest.raises(InvalidArgument) as raised:
         engine.add_request(request(request_id, prompt, SamplingParams(**{"max_new_tokens": 8} | sampling)))
     assert raised.value.violations[0].field == field
@@ -290,7 +291,7 @@ def test_duplicate_request_id_is_rejected(tiny: LoadedModel) -> None:
 
 
 def test_stats_report_load_and_throughput(tiny: LoadedModel) -> None:
-    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineConfig(max_running=2, ignore_eos=True))
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, EngineSettings(max_running=2, ignore_eos=True))
     for i in range(3):
         engine.add_request(request(f"r{i}", encode(tiny, PROMPTS[i])))
     engine.step()

@@ -16,14 +16,15 @@ import sys
 
 from pipelinerl.common.model import load_model
 from pipelinerl.common.types import SamplingParams
-from pipelinerl.inference.engine import EngineConfig, InferenceEngine
+from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.engine import InferenceEngine
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 
 def main() -> None:
     spec = json.load(sys.stdin)
     loaded = load_model(spec["model"], seed=spec["seed"])
-    engine = InferenceEngine(loaded.model, loaded.tokenizer, EngineConfig(ignore_eos=True))
+    engine = InferenceEngine(loaded.model, loaded.tokenizer, EngineSettings(ignore_eos=True))
     sampling = SamplingParams(temperature=0, max_new_tokens=spec["max_new_tokens"])
     for i, prompt in enumerate(spec["prompts"]):
         engine.add_request(GenerationRequest(str(i), prompt, sampling))

@@ -32,6 +32,7 @@ import torch
 from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.model import build_preset, export_preset
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
+from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.inference.vllm_engine import VllmBackend
 from pipelinerl.inference.vllm_worker import layout_to_wire, verified_tensors
@@ -55,10 +56,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def backend(model_dir: Path) -> AsyncIterator[VllmBackend]:
-    started = await VllmBackend.create(
-        str(model_dir), max_running=8, max_new_tokens=512, max_model_len=1024, kv_cache_gib=0.25,
+    settings = EngineSettings(
+        engine="vllm", model=str(model_dir), max_running=8, max_new_tokens=512, max_model_len=1024,
+        kv_cache_gib=0.25,
         ignore_eos=True,  # random weights emit EOS now and then; fixed lengths make outputs comparable
     )  # fmt: skip
+    started = await VllmBackend.create(settings)
     yield started
     await started.stop()
 

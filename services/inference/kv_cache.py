@@ -1,0 +1,137 @@
+"""The built-in engine's "slot" KV cache: one cache row per running sequence.
+
+Per layer, one K and one V buffer [max_rows, kv_heads, capacity, head_dim]. Row r belongs to the
+r-th running sequence and cache index == token position, so decode writes one column per row and
+attends to rows [:n] up to the longest sequence, masked per row. `capacity` grows by doubling up to
+the context length. The engine calls the model with explicit position ids and a 4D additive mask,
+so the model's own mask construction and cache bookkeeping are bypassed; before each forward it
+sets `plan`, which says where that forward's keys and values go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """Where the coming forward writes its keys and values, and what its attention reads back."""
+
+    rows: torch.Tensor
+    """[tokens] cache row of each real (non-padding) input token"""
+    positions: torch.Tensor
+    """[tokens] its position, which is also its cache index"""
+    real: torch.Tensor
+    """[batch, q_len] bool: which input slots are real tokens"""
+    capacity: int
+    """cache length the buffers must have"""
+    read: tuple[slice | torch.Tensor, int] | None
+    """(rows, kv_len) to attend to; None for a prefill, which attends only to its own fresh keys"""
+
+
+def capacity_for(length: int, max_len: int) -> int:
+    """Cache length to allocate for `length` positions: doubling keeps regrowth rare."""
+    return min(max(64, 1 << (length - 1).bit_length()), max_len)
+
+
+def check_attention_window(model: PreTrainedModel, max_model_len: int) -> None:
+    """Refuse a model with sliding-window layers whose window is shorter than the context."""
+    # The engine gives every layer one full causal mask; a sliding-window layer would silently
+    # attend beyond its window once a sequence outgrows it.
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and window < max_model_len:
+        raise ValueError(
+            f"the built-in engine has no sliding-window attention: set max_model_len <= {window}, "
+            f"the model's window (it is {max_model_len})"
+        )
+
+
+class SlotKVCache(Cache):
+    """One cache row per running sequence, cache index == position; see the module docstring."""
+
+    def __init__(self, num_layers: int, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._plan: CachePlan | None = None
+        self._slots = [_SlotLayer(self) for _ in range(num_layers)]
+        super().__init__(layers=list(self._slots))
+
+    @property
+    def plan(self) -> CachePlan:
+        if self._plan is None:
+            raise RuntimeError("the slot cache needs a plan before a forward")
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: CachePlan) -> None:
+        self._plan = plan
+
+    def move_row(self, source: int, target: int, length: int) -> None:
+        for layer in self._slots:
+            layer.move_row(source, target, length)
+
+
+class _SlotLayer(CacheLayerMixin):
+    def __init__(self, owner: SlotKVCache) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._initialize(key_states, value_states)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self._owner.plan
+        keys, values = self.keys, self.values
+        if keys is None or values is None:
+            keys, values = self._initialize(key_states, value_states)
+        elif keys.shape[2] < plan.capacity:
+            keys = self.keys = _grow(keys, plan.capacity)
+            values = self.values = _grow(values, plan.capacity)
+        # [batch, heads, q, dim] -> [tokens, heads, dim], in the same order as plan.rows/positions
+        keys[plan.rows, :, plan.positions] = key_states.transpose(1, 2)[plan.real]
+        values[plan.rows, :, plan.positions] = value_states.transpose(1, 2)[plan.real]
+        if plan.read is None:
+            return key_states, value_states
+        rows, kv_len = plan.read
+        return keys[rows, :, :kv_len], values[rows, :, :kv_len]
+
+    def move_row(self, source: int, target: int, length: int) -> None:
+        if self.keys is None or self.values is None:
+            return  # nothing was ever written
+        self.keys[target, :, :length] = self.keys[source, :, :length]
+        self.values[target, :, :length] = self.values[source, :, :length]
+
+    def _initialize(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        capacity = self._owner.plan.capacity
+        self.keys = keys = self._allocate(key_states, capacity)
+        self.values = values = self._allocate(value_states, capacity)
+        self.is_initialized = True
+        return keys, values
+
+    def _allocate(self, states: torch.Tensor, capacity: int) -> torch.Tensor:
+        _, heads, _, dim = states.shape
+        return states.new_zeros(self._owner.max_rows, heads, capacity, dim)
+
+    # The engine passes position ids and a ready 4D mask, so models never ask the cache for sizes;
+    # failing loudly beats answering with a number that is wrong for some rows.
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        raise NotImplementedError("the slot cache needs explicit position ids and a 4D attention mask")
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError("the slot cache needs explicit position ids and a 4D attention mask")
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+def _grow(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+    grown = buffer.new_zeros(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
+    grown[:, :, : buffer.shape[2]] = buffer
+    return grown
