@@ -1,7 +1,8 @@
 """`pipelinerl run` with a wrong setting: one line `error: <setting>: <reason>` on stderr, exit
 status 2, no run directory left behind. A missing dataset is found before any process starts (before,
 all four services started and a 158-line traceback came 11 s later); a dataset the coordinator
-refuses at StartRun reads the same way, once the services it started are stopped."""
+refuses at StartRun reads the same way, once the services it started are stopped. A service that
+exits while starting fails the start at once, not after the health timeout."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from pipelinerl.launcher.processes import start_service
+from pipelinerl.launcher.run import HEALTH_TIMEOUT_S
 
 PIPELINERL = Path(sys.executable).parent / "pipelinerl"
 
@@ -36,6 +40,14 @@ def test_a_missing_dataset_is_one_line_before_anything_starts(tmp_path: Path) ->
     )
     assert debug.returncode != 0 and "Traceback" in debug.stderr
     assert not run_dir.exists()
+
+
+async def test_a_service_that_exits_while_starting_fails_the_start_at_once(tmp_path: Path) -> None:
+    service = start_service("reward", "pipelinerl.reward", {"wrokers": 1}, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"reward exited with status \d+; its log ends:(.|\n)*wrokers"):
+        await service.wait_healthy(HEALTH_TIMEOUT_S)
+    assert time.monotonic() - started < HEALTH_TIMEOUT_S / 4
 
 
 @pytest.mark.slow
