@@ -37,6 +37,7 @@ from pathlib import Path
 import structlog
 
 from pipelinerl.common.channel import free_port
+from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.health import wait_until_serving
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
@@ -48,7 +49,8 @@ from pipelinerl.inference.types import EngineStatus, GenerationRequest, Generati
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierDetail, VerifierInfo
 from pipelinerl.trainer import server as trainer_server
-from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
+from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
+from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 log = structlog.get_logger()
 
@@ -105,7 +107,7 @@ class InstantTrainer:
         """(sample id, when it was acknowledged), in order."""
         self._stepped = asyncio.Condition()
 
-    async def admit(self, samples: Sequence[Sample], on_ack: Callable[[SampleAck], None]) -> None:
+    async def admit(self, samples: Sequence[Sample | Malformed], on_ack: Callable[[SampleAck], None]) -> None:
         self.version += 1
         now = time.perf_counter()
         for sample in samples:
@@ -125,6 +127,15 @@ class InstantTrainer:
         async with self._stepped:
             await self._stepped.wait_for(lambda: self.version > after)
         return self.version
+
+    def watch(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
+        raise FailedPrecondition("this trainer trains only; it serves no weights")
+
+    def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
+        raise FailedPrecondition("this trainer trains only; it serves no weights")
+
+    def release(self, receiver_id: str, version: WeightVersion) -> None:
+        """No weights are served, so none are held."""
 
     def status(self) -> TrainerStatus:
         return TrainerStatus(
@@ -223,7 +234,7 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--generation-ms", type=float, default=20.0)

@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.launcher.config import RunSettings
@@ -49,7 +50,7 @@ def cpu_seconds(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "cpu_seconds.json").read_text())
 
 
-def run(mode: str, args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
+def run(mode: Literal["pipeline", "sync"], args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
     run_dir = Path(args.out) / mode
     settings = RunSettings(
         mode=mode,
@@ -109,7 +110,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--samples", type=int, default=40960, help="trained samples per run")
     parser.add_argument("--target", type=float, default=0.6, help="reward for time-to-reward")
     parser.add_argument("--dataset", default="builtin:copy:2")

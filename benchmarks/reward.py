@@ -120,7 +120,7 @@ def score_inline(spec: RewardSpec, items: list[ScoreItem]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)

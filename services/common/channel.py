@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import grpc
+from grpc.aio import ClientCallDetails
 
 from pipelinerl.common.server import channel_options
 from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
@@ -66,9 +68,15 @@ class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     def __init__(self, config: ChannelConfig) -> None:
         self._config = config
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.UnaryUnaryCall]],
+        client_call_details: ClientCallDetails,
+        request: Any,
+    ) -> grpc.aio.UnaryUnaryCall:
         timeout = client_call_details.timeout
-        details = client_call_details._replace(
+        details = _replace(
+            client_call_details,
             timeout=self._config.default_timeout_s if timeout is None else timeout,
             metadata=_with_token(client_call_details.metadata, self._config.auth_token),
         )
@@ -81,25 +89,54 @@ class _TokenDetails:
     def __init__(self, token: str) -> None:
         self._token = token
 
-    def _details(self, details):  # type: ignore[no-untyped-def]
-        return details._replace(metadata=_with_token(details.metadata, self._token))
+    def _details(self, details: ClientCallDetails) -> ClientCallDetails:
+        return _replace(details, timeout=details.timeout, metadata=_with_token(details.metadata, self._token))
 
 
 # One class per call type: grpc.aio files an interceptor under the first call type it is an
 # instance of (an if/elif chain), so one class for several types would see only one of them.
 class _UnaryStreamToken(_TokenDetails, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.UnaryStreamCall]],
+        client_call_details: ClientCallDetails,
+        request: Any,
+    ) -> grpc.aio.UnaryStreamCall:
         return await continuation(self._details(client_call_details), request)
 
 
 class _StreamUnaryToken(_TokenDetails, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.StreamUnaryCall]],
+        client_call_details: ClientCallDetails,
+        request_iterator: Any,
+    ) -> grpc.aio.StreamUnaryCall:
         return await continuation(self._details(client_call_details), request_iterator)
 
 
 class _StreamStreamToken(_TokenDetails, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.StreamStreamCall]],
+        client_call_details: ClientCallDetails,
+        request_iterator: Any,
+    ) -> grpc.aio.StreamStreamCall:
         return await continuation(self._details(client_call_details), request_iterator)
+
+
+def _replace(
+    details: ClientCallDetails, *, timeout: float | None, metadata: grpc.aio.Metadata | None
+) -> ClientCallDetails:
+    """`details` with a new timeout and metadata: the namedtuple's `_replace`, spelt out because
+    typeshed's grpc stubs declare ClientCallDetails as a plain class."""
+    return ClientCallDetails(
+        method=details.method,
+        timeout=timeout,
+        metadata=metadata,
+        credentials=details.credentials,
+        wait_for_ready=details.wait_for_ready,
+    )
 
 
 def _with_token(metadata: Any, token: str | None) -> grpc.aio.Metadata | None:

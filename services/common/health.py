@@ -28,7 +28,9 @@ async def wait_until_serving(
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
+                response = await stub.Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's HealthStub omits the methods its __init__ sets
+                    health_pb2.HealthCheckRequest(service=service), timeout=2.0
+                )
                 if response.status == health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.aio.AioRpcError:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,12 +69,19 @@ def _wrap_behavior(
         "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+    # grpc sets exactly the behaviour that matches the handler's arity; the others are None. Its
+    # types describe the sync server's behaviours (a stream is an Iterator), while the aio server's
+    # are coroutines and async generators: hence `wrap_stream`'s loose `Callable[..., Any]`.
     if handler.request_streaming and handler.response_streaming:
+        assert handler.stream_stream is not None
         return grpc.stream_stream_rpc_method_handler(wrap_stream(handler.stream_stream), **serde)
     if handler.request_streaming:
+        assert handler.stream_unary is not None
         return grpc.stream_unary_rpc_method_handler(wrap_unary(handler.stream_unary), **serde)
     if handler.response_streaming:
+        assert handler.unary_stream is not None
         return grpc.unary_stream_rpc_method_handler(wrap_stream(handler.unary_stream), **serde)
+    assert handler.unary_unary is not None
     return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), **serde)
 
 
@@ -104,6 +111,10 @@ def _checked_deserializer(handler: grpc.RpcMethodHandler) -> Callable[[bytes], A
     return deserialize
 
 
+# what a server interceptor calls to get the next handler: None for a method no service has
+_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
 def _raise_if_malformed(request: Any) -> None:
     if isinstance(request, _Malformed):
         raise request.error
@@ -113,32 +124,34 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Turns a `PipelineError` raised by a servicer, or a request that is not a valid message, into
     its status code with google.rpc details."""
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
 
-        def wrap_unary(behavior):  # type: ignore[no-untyped-def]
-            async def unary(request, context):  # type: ignore[no-untyped-def]
+        def wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
                     _raise_if_malformed(request)
                     return await behavior(request, context)
                 except PipelineError as exc:
                     log.info("call failed", method=method, code=exc.code, error=exc.message)
-                    await context.abort_with_status(rpc_status(exc))
+                    await context.abort_with_status(rpc_status(exc))  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's grpc stubs lack aio ServicerContext.abort_with_status
 
             return unary
 
-        def wrap_stream(behavior):  # type: ignore[no-untyped-def]
-            async def stream(request, context):  # type: ignore[no-untyped-def]
+        def wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
                     _raise_if_malformed(request)
                     async for response in behavior(request, context):
                         yield response
                 except PipelineError as exc:
                     log.info("stream failed", method=method, code=exc.code, error=exc.message)
-                    await context.abort_with_status(rpc_status(exc))
+                    await context.abort_with_status(rpc_status(exc))  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's grpc stubs lack aio ServicerContext.abort_with_status
 
             return stream
 
@@ -151,7 +164,9 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(
+        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_PREFIX):
             return handler
@@ -160,10 +175,10 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if hmac.compare_digest(sent, self._expected):
             return handler
 
-        async def deny(request, context):  # type: ignore[no-untyped-def]
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-        async def deny_stream(request, context):  # type: ignore[no-untyped-def]
+        async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
             yield  # pragma: no cover - makes this an async generator like the real handler
 

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     CliSuppress,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -51,7 +52,8 @@ class LayeredSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # CLI flags, when parsed, are put in front of these by pydantic-settings itself.
-        path = init_settings.init_kwargs.get("config_file")  # type: ignore[attr-defined]
+        assert isinstance(init_settings, InitSettingsSource)  # what pydantic-settings passes here
+        path = init_settings.init_kwargs.get("config_file")
         if path is None:
             return (init_settings, env_settings)
         return (init_settings, env_settings, _file_source(settings_cls, Path(path)))

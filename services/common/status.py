@@ -88,7 +88,8 @@ def error_from_status(status: status_pb2.Status) -> PipelineError:
 
 def error_from_rpc(err: grpc.aio.AioRpcError) -> PipelineError:
     """The domain error of a failed call, from its rich status when the server sent one."""
-    status = grpc_rpc_status.from_call(err)
+    # from_call reads only code(), details() and trailing_metadata(), which an AioRpcError has
+    status = grpc_rpc_status.from_call(err)  # pyright: ignore[reportArgumentType]  # typed for grpc.Call
     if status is None:
         status = status_pb2.Status(code=err.code().value[0], message=err.details() or "")
     return error_from_status(status)

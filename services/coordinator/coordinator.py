@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.log import bind_context, get_logger
@@ -39,12 +40,13 @@ def spec_to_json(spec: RunSpec) -> dict[str, object]:
     return data
 
 
-def spec_from_json(data: dict[str, object]) -> RunSpec:
-    sampling = dict(data["sampling"])  # type: ignore[call-overload]
+def spec_from_json(data: Mapping[str, Any]) -> RunSpec:
+    """The inverse of `spec_to_json`, from its decoded JSON."""
+    sampling = dict(data["sampling"])
     sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
     sampling["stop"] = tuple(sampling["stop"])
     fields = {**data, "sampling": SamplingParams(**sampling), "mode": Mode(data["mode"])}
-    return RunSpec(**fields)  # type: ignore[arg-type]
+    return RunSpec(**fields)
 
 
 @dataclasses.dataclass

@@ -11,8 +11,9 @@ Problems are numbered, so a resumed run continues from the journal's cursor.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.tasks import Problem, builtin_problems, parse_builtin
@@ -52,13 +53,14 @@ def _file_problems(path: Path, seed: int, tokenizer: str | None) -> list[Problem
     if (kind := getattr(rows.features["prompt"], "dtype", "nested")) not in ("string", "large_string"):
         raise InvalidArgument.field("spec.dataset", f"{path}: `prompt` must be text, not {kind}")
     template = _chat_template(tokenizer)
+    # a Dataset with no format set yields each row as a dict of column name to value
     return [
         Problem(template(row["prompt"]), str(row["answer"]), row.get("verifier") or DEFAULT_VERIFIER)
-        for row in rows
+        for row in cast("Iterable[dict[str, Any]]", rows)
     ]
 
 
-def _chat_template(tokenizer: str | None):  # type: ignore[no-untyped-def]
+def _chat_template(tokenizer: str | None) -> Callable[[str], str]:
     """The prompt wrapper: the tokenizer's chat template if it has one, else the prompt unchanged."""
     if tokenizer is None:
         return lambda prompt: prompt

@@ -20,7 +20,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -128,16 +128,16 @@ class MathVerifier(Verifier):
         self._verify = math_verify.verify
 
     def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str]:
-        # math-verify's own timeouts are off: they use SIGALRM and, on expiry, silently score 0.
-        # The scorer's deadline turns a hang into DEADLINE_EXCEEDED instead.
-        gold = self._parse(_as_latex(answer), parsing_timeout=None)
+        # math-verify's own timeouts are off (a timeout of 0 or None): they use SIGALRM and, on
+        # expiry, silently score 0. The scorer's deadline turns a hang into DEADLINE_EXCEEDED instead.
+        gold = self._parse(_as_latex(answer), parsing_timeout=0)
         if not gold:
             raise BadAnswer(f"math-verify cannot parse the gold answer {_clip(answer)!r}")
         # Only the last \boxed{} counts: math-verify would join every boxed answer of a completion
         # that corrects itself ("\boxed{3}, no: \boxed{4}") into the set {3, 4}.
         boxed = last_boxed(completion)
         target = completion if boxed is None else f"\\boxed{{{boxed}}}"
-        predicted = self._parse(target, parsing_timeout=None)
+        predicted = self._parse(target, parsing_timeout=0)
         if not predicted:
             return 0.0, "no answer found in the completion"
         correct = self._verify(gold, predicted, timeout_seconds=None)
@@ -287,7 +287,8 @@ def load_function(path: str) -> Callable[[str, str, str], float]:
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{target!r} has no function {name!r}")
-    return function
+    # a user's function: its signature is their promise, not something this can check
+    return cast("Callable[[str, str, str], float]", function)
 
 
 def final_answer(completion: str) -> str:

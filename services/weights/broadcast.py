@@ -15,13 +15,15 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public, re-exported without `as`
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from pipelinerl.weights.types import Rendezvous
 
 
-def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> dist.TCPStore:
+def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> TCPStore:
     """The trainer's store (`is_master`, port 0 picks a free one) or a receiver's client of it."""
-    return dist.TCPStore(
+    return TCPStore(
         host, port, is_master=is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
     )
 
@@ -29,13 +31,13 @@ def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> dist.T
 class BroadcastGroup:
     """One membership's process group: rank 0 (the trainer) sends, every other rank receives."""
 
-    def __init__(self, store: dist.Store, rendezvous: Rendezvous) -> None:
+    def __init__(self, store: Store, rendezvous: Rendezvous) -> None:
         self.name = rendezvous.group_name
         self.rank = rendezvous.rank
         self.world_size = rendezvous.world_size
         self.backend = rendezvous.backend
         timeout = timedelta(milliseconds=rendezvous.timeout_ms)
-        prefixed = dist.PrefixStore(self.name, store)
+        prefixed = PrefixStore(self.name, store)
         # The constructor is itself the rendezvous: it returns once every rank has joined.
         if self.backend == "gloo":
             self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
@@ -59,7 +61,7 @@ class BroadcastGroup:
         options = dist.BroadcastOptions()
         options.rootRank = 0
         options.rootTensor = 0
-        self._group.broadcast([tensor], options).wait()
+        self._group.broadcast([tensor], options).wait()  # pyright: ignore[reportAttributeAccessIssue]  # torch's stub puts broadcast on ProcessGroup only; backends have it too
         if self.backend == "nccl":
             torch.cuda.current_stream().synchronize()
 

@@ -92,7 +92,7 @@ def pack(
 
 
 def checksum_of(bucket: torch.Tensor) -> bytes:
-    return crc32(memoryview(bucket.numpy()))
+    return crc32(bucket.numpy().data)
 
 
 def verify(layout: WeightLayout, index: int, bucket: torch.Tensor) -> None:
