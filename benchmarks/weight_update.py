@@ -56,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from standin import PublisherOnlyTrainer
+from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public, re-exported without `as`
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.common.channel import ChannelConfig
@@ -175,7 +176,7 @@ async def _publish(publisher: WeightPublisher, model: PreTrainedModel, version: 
 
 def _raw_broadcast_sender(port: int, num_bytes: int, repeats: int) -> list[float]:
     """Rank 0 of the plain broadcast: seconds of each repeat, timed like the publisher times."""
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=WAIT_S))
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=WAIT_S))
     dist.init_process_group("gloo", store=store, rank=0, world_size=2)
     try:
         tensor = torch.ones(num_bytes, dtype=torch.uint8)
@@ -339,7 +340,7 @@ async def wait_for_watcher(trainer: TrainerClient) -> None:
 async def raw_broadcast(conn: Connection, num_bytes: int, repeats: int) -> list[float]:
     """Rank 1 of the plain broadcast (this process hosts its store); returns the sender's seconds.
     The receive tensor is zeroed once (pages touched) and reused, as the receiver reuses its buckets."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=WAIT_S))
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=WAIT_S))
     conn.send(("raw", store.port, num_bytes, repeats))
     await asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=1, world_size=2)
     try:
@@ -442,7 +443,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     trainer = context.Process(target=trainer_main, args=(child_conn, args), name="trainer")
     trainer.start()
     try:
-        _, port = await receive(conn)  # type: ignore[misc]
+        _, port = await receive(conn)
         decoder, published = await run_updates(args, conn, port, engine)
         raw_s = await raw_broadcast(conn, sizes[1], args.repeats)
         conn.send(("stop",))
@@ -455,7 +456,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=1024, help="a multiple of 128 (head_dim 64)")
     parser.add_argument("--intermediate", type=int, default=2816)
