@@ -4,7 +4,7 @@ verified version to the engine.
     WatchWeights ──notice──► broadcast (if a rendezvous is given) ──► verify every bucket
                                  │ failed / timed out / bad checksum          │ all good
                                  ▼                                            ▼
-                         FetchWeights(bad buckets) ──verify──────────► apply(version, tensors)
+                         FetchWeights(bad buckets) ──verify──────────► apply(version, layout, buckets)
 
 Nothing reaches the engine before every bucket of a version has passed its checksum, so a server
 never serves a mix of two versions: a failed transfer leaves the old weights, is counted, and is
@@ -37,11 +37,14 @@ Raises PipelineError (old weights kept) if the engine refuses the version."""
 
 
 class WeightSource(Protocol):
-    """What the receiver needs of the trainer (its gRPC client, or the publisher in-process)."""
+    """What the receiver needs of the trainer: its gRPC client, `TrainerClient`. Arguments are
+    passed by position."""
 
-    def watch_weights(self, request: WatchRequest) -> AsyncIterator[WeightNotice]: ...
+    def watch_weights(self, request: WatchRequest, /) -> AsyncIterator[WeightNotice]: ...
 
-    def fetch_weights(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]: ...
+    def fetch_weights(
+        self, version: WeightVersion, buckets: Sequence[int], /
+    ) -> AsyncIterator[WeightChunk]: ...
 
 
 @dataclass
