@@ -49,6 +49,9 @@ class PublisherOnlyTrainer:
     def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
         return self.publisher.fetch(version, buckets)
 
+    def release(self, receiver_id: str, version: WeightVersion) -> None:
+        self.publisher.release(receiver_id, version)
+
     def status(self) -> TrainerStatus:
         version = WeightVersion(self.version, self.run_id)
         return TrainerStatus(version, 0, 0, 0, 0, 0.0, self.publisher.watchers, self.version)
@@ -58,4 +61,9 @@ def _corrupted(notice: WeightNotice) -> WeightNotice:
     first = notice.layout.buckets[0]
     bad = dataclasses.replace(first, checksum=Checksum(first.checksum.algorithm, b"bad!"))
     layout = dataclasses.replace(notice.layout, buckets=(bad, *notice.layout.buckets[1:]))
-    return dataclasses.replace(notice, layout=layout)
+    ipc = notice.cuda_ipc
+    if ipc is not None:  # the device copy is refused too, so the receiver falls back to fetching
+        ipc = dataclasses.replace(
+            ipc, buckets=(dataclasses.replace(ipc.buckets[0], checksum=b"bad!"), *ipc.buckets[1:])
+        )
+    return dataclasses.replace(notice, layout=layout, cuda_ipc=ipc)

@@ -46,8 +46,13 @@ async def build(settings: InferenceSettings) -> GrpcServer:
                 tls_ca_file=settings.trainer_tls_ca_file,
             )
         )
+        on_gpu = settings.engine == "builtin" and torch.device(settings.device).type == "cuda"
         receiver = WeightReceiver(
-            trainer, settings.receiver_id, runner.apply_weights, accepts_broadcast=settings.accepts_broadcast
+            trainer,
+            settings.receiver_id,
+            runner.apply_weights,
+            accepts_broadcast=settings.accepts_broadcast,
+            cuda_device=torch.device(settings.device) if on_gpu and settings.accepts_cuda_ipc else None,
         )
         runner.receiver = receiver
         follow = asyncio.create_task(receiver.run())

@@ -67,3 +67,6 @@ class InferenceSettings(ServiceSettings, EngineSettings):
     """This server's name in broadcast groups; must be unique among the trainer's receivers."""
     accepts_broadcast: bool = True
     """Join the trainer's broadcast groups (otherwise every version is fetched over gRPC)."""
+    accepts_cuda_ipc: bool = True
+    """Built-in engine on CUDA: take versions from a trainer on the same GPU by CUDA IPC (one
+    device-to-device copy, no broadcast group); any other trainer is followed as usual."""

@@ -69,6 +69,9 @@ class RunSettings(LayeredSettings):
     under torchrun (stage from `trainer: {zero: {stage: N}}`, 2 by default)."""
     engine: Literal["builtin", "vllm"] = "builtin"
     """Inference engine. `vllm` runs the inference servers with `vllm_python` (`make vllm-env`)."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    """`cpu`, or `cuda[:N]`: the trainer and every inference server on that one GPU, each version
+    handed over by CUDA IPC (one device-to-device copy)."""
     vllm_python: Path = Path(".venv-vllm/bin/python")
     """Interpreter of the vLLM virtualenv (vLLM pins its own torch, so it lives apart)."""
     pin_cores: bool = True

@@ -86,6 +86,7 @@ def _placement(settings: RunSettings) -> tuple[int, list[set[int] | None], set[i
 def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dict[str, dict[str, Any]]:
     trainer = {
         "run_id": settings.run_id, "model": settings.model, "seed": settings.seed, "threads": threads,
+        "device": settings.device,
         "samples_per_step": settings.samples_per_step, "checkpoint_dir": str(run_dir / "checkpoints"),
         "metrics_file": str(run_dir / "trainer_metrics.jsonl"),
         "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
@@ -98,6 +99,7 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "seed": settings.seed,
         "threads": threads,
         "engine": settings.engine,
+        "device": settings.device,
     }
     security: dict[str, Any] = {}  # what every service requires of its callers
     if settings.auth_token is not None:

@@ -9,7 +9,12 @@ from pipelinerl.common import convert
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.status import domain_errors
 from pipelinerl.common.types import Sample, WeightVersion
-from pipelinerl.trainer.convert import ack_from_proto, notice_from_proto, status_from_proto
+from pipelinerl.trainer.convert import (
+    ack_from_proto,
+    notice_from_proto,
+    status_from_proto,
+    watch_request_to_proto,
+)
 from pipelinerl.trainer.types import SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
@@ -54,13 +59,8 @@ class TrainerClient(ServiceClient):
                 yield [ack_from_proto(ack) for ack in response.acks], response.durable_version
 
     async def watch_weights(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
-        request = pb.WatchWeightsRequest(
-            receiver_id=receiver.receiver_id,
-            current_version=receiver.current_version,
-            accepts_broadcast=receiver.accepts_broadcast,
-        )
         with domain_errors():
-            async for notice in self._stub.WatchWeights(request):
+            async for notice in self._stub.WatchWeights(watch_request_to_proto(receiver)):
                 yield notice_from_proto(notice)
 
     async def fetch_weights(
@@ -70,6 +70,11 @@ class TrainerClient(ServiceClient):
         with domain_errors():
             async for response in self._stub.FetchWeights(request, timeout=timeout_s):
                 yield convert.chunk_from_proto(response.chunk)
+
+    async def release_weights(self, receiver_id: str, version: WeightVersion) -> None:
+        request = pb.ReleaseWeightsRequest(receiver_id=receiver_id, version=convert.version_to_proto(version))
+        with domain_errors():
+            await self._stub.ReleaseWeights(request)
 
     async def status(self, timeout_s: float | None = None) -> TrainerStatus:
         with domain_errors():

@@ -7,7 +7,7 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.status import info_from_status, status_proto
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
-from pipelinerl.weights.types import Rendezvous, WeightNotice
+from pipelinerl.weights.types import IpcBucket, IpcExport, Rendezvous, WatchRequest, WeightNotice
 
 _DISPOSITIONS = {
     Disposition.ACCEPTED: pb.DISPOSITION_ACCEPTED,
@@ -52,6 +52,23 @@ def notice_to_proto(notice: WeightNotice) -> pb.WatchWeightsResponse:
                 timeout_ms=r.timeout_ms,
             )
         )
+    if notice.cuda_ipc is not None:
+        msg.cuda_ipc.device_uuid = notice.cuda_ipc.device_uuid
+        msg.cuda_ipc.buckets.extend(
+            pb.CudaIpcBucket(
+                index=b.index,
+                num_bytes=b.num_bytes,
+                handle=b.handle,
+                storage_size_bytes=b.storage_size_bytes,
+                storage_offset_bytes=b.storage_offset_bytes,
+                ref_counter_handle=b.ref_counter_handle,
+                ref_counter_offset=b.ref_counter_offset,
+                event_handle=b.event_handle,
+                event_sync_required=b.event_sync_required,
+                checksum=b.checksum,
+            )
+            for b in notice.cuda_ipc.buckets
+        )
     return msg
 
 
@@ -60,9 +77,42 @@ def notice_from_proto(msg: pb.WatchWeightsResponse) -> WeightNotice:
     if msg.HasField("broadcast"):
         r = msg.broadcast
         broadcast = Rendezvous(r.backend, r.host, r.port, r.group_name, r.world_size, r.rank, r.timeout_ms)
+    cuda_ipc = None
+    if msg.HasField("cuda_ipc"):
+        buckets = tuple(
+            IpcBucket(
+                b.index,
+                b.num_bytes,
+                b.handle,
+                b.storage_size_bytes,
+                b.storage_offset_bytes,
+                b.ref_counter_handle,
+                b.ref_counter_offset,
+                b.event_handle,
+                b.event_sync_required,
+                b.checksum,
+            )
+            for b in msg.cuda_ipc.buckets
+        )
+        cuda_ipc = IpcExport(msg.cuda_ipc.device_uuid, buckets)
     return WeightNotice(
-        convert.version_from_proto(msg.version), convert.layout_from_proto(msg.layout), broadcast
+        convert.version_from_proto(msg.version), convert.layout_from_proto(msg.layout), broadcast, cuda_ipc
     )
+
+
+def watch_request_to_proto(receiver: WatchRequest) -> pb.WatchWeightsRequest:
+    return pb.WatchWeightsRequest(
+        receiver_id=receiver.receiver_id,
+        current_version=receiver.current_version,
+        accepts_broadcast=receiver.accepts_broadcast,
+        cuda_device_uuid=receiver.cuda_device_uuid,
+    )
+
+
+def watch_request_from_proto(msg: pb.WatchWeightsRequest) -> WatchRequest:
+    if not msg.receiver_id:
+        raise InvalidArgument.field("receiver_id", "must not be empty")
+    return WatchRequest(msg.receiver_id, msg.current_version, msg.accepts_broadcast, msg.cuda_device_uuid)
 
 
 def status_to_proto(s: TrainerStatus) -> pb.GetStatusResponse:

@@ -11,11 +11,15 @@ from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.server import Registration
 from pipelinerl.common.types import Sample
-from pipelinerl.trainer.convert import ack_to_proto, notice_to_proto, status_to_proto
+from pipelinerl.trainer.convert import (
+    ack_to_proto,
+    notice_to_proto,
+    status_to_proto,
+    watch_request_from_proto,
+)
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
-from pipelinerl.weights.types import WatchRequest
 
 MAX_SAMPLES_PER_MESSAGE = 4096
 
@@ -93,10 +97,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def WatchWeights(
         self, request: pb.WatchWeightsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchWeightsResponse]:
-        if not request.receiver_id:
-            raise InvalidArgument.field("receiver_id", "must not be empty")
-        receiver = WatchRequest(request.receiver_id, request.current_version, request.accepts_broadcast)
-        async for notice in self._core.watch(receiver):
+        async for notice in self._core.watch(watch_request_from_proto(request)):
             yield notice_to_proto(notice)
 
     async def FetchWeights(
@@ -107,6 +108,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         version = convert.version_from_proto(request.version)
         async for chunk in self._core.fetch(version, list(request.buckets)):
             yield pb.FetchWeightsResponse(chunk=convert.chunk_to_proto(chunk))
+
+    async def ReleaseWeights(
+        self, request: pb.ReleaseWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseWeightsResponse:
+        if not request.receiver_id:
+            raise InvalidArgument.field("receiver_id", "must not be empty")
+        self._core.release(request.receiver_id, convert.version_from_proto(request.version))
+        return pb.ReleaseWeightsResponse()
 
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext

@@ -162,6 +162,9 @@ class Trainer:
     def fetch(self, version: WeightVersion, buckets: Sequence[int]) -> AsyncIterator[WeightChunk]:
         return self.publisher.fetch(version, buckets)
 
+    def release(self, receiver_id: str, version: WeightVersion) -> None:
+        self.publisher.release(receiver_id, version)
+
     def status(self) -> TrainerStatus:
         return TrainerStatus(
             version=WeightVersion(self.version, self.publisher.run_id),

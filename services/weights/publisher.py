@@ -6,6 +6,8 @@ every watcher, broadcast the buckets to the current membership, and serve them t
                                                         │          fetch-only for the others
                                                         ├─► BroadcastGroup(membership).broadcast(bucket…)
     FetchWeights(v) ◄── the last `keep_versions` packed versions, in 4 MiB checksummed chunks
+    cuda_ipc: a receiver on the trainer's own GPU gets the version's device buffers as IPC handles
+              instead of a rendezvous; they are freed once it calls ReleaseWeights (or a deadline)
 
 Versions published while a broadcast is running are coalesced: receivers only need the newest.
 A broadcast that fails or times out drops its group; receivers that missed it fetch instead, so a
@@ -30,12 +32,14 @@ from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights import cuda_ipc
 from pipelinerl.weights.broadcast import BroadcastGroup, tcp_store
 from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
     Checksum,
     ChecksumAlgorithm,
+    IpcExport,
     Rendezvous,
     WatchRequest,
     WeightChunk,
@@ -48,10 +52,21 @@ log = get_logger(__name__)
 
 
 @dataclass
+class _DeviceCopy:
+    """A version's buckets on the trainer's GPU, exported by CUDA IPC, and who may still read them."""
+
+    buckets: list[torch.Tensor]
+    export: IpcExport
+    holders: set[str]
+    deadline: float
+
+
+@dataclass
 class _Packed:
     version: WeightVersion
     layout: WeightLayout
     buckets: list[torch.Tensor]
+    device_copy: _DeviceCopy | None = None
 
 
 @dataclass
@@ -70,6 +85,7 @@ class _Watcher:
     receiver_id: str
     accepts_broadcast: bool
     serial: int
+    cuda_device_uuid: str = ""
     queue: asyncio.Queue[WeightNotice] = field(default_factory=asyncio.Queue)
 
 
@@ -96,6 +112,9 @@ class WeightPublisher:
         self._token = uuid.uuid4().hex[:8]
         self._loop_task: asyncio.Task[None] | None = None
         self._layout_plan: WeightLayout | None = None
+        self._device_uuid = ""
+        """The trainer's GPU, once a version came from CUDA tensors and `cuda_ipc` is on."""
+        self._device_copies: dict[int, _DeviceCopy] = {}
 
     @property
     def store_port(self) -> int:
@@ -132,6 +151,13 @@ class WeightPublisher:
             self._layout_plan = bucketing.plan_layout(specs, self.settings.bucket_bytes)
         buckets, layout = await asyncio.to_thread(bucketing.pack, tensors, self._layout_plan)
         packed = _Packed(WeightVersion(version, self.run_id), layout, buckets)
+        device = specs[0][1].device if specs else torch.device("cpu")
+        if self.settings.cuda_ipc and device.type == "cuda":
+            self._device_uuid = self._device_uuid or cuda_ipc.device_uuid(device)
+            if any(w.cuda_device_uuid == self._device_uuid for w in self._watchers.values()):
+                packed.device_copy = await asyncio.to_thread(self._device_copy, buckets, device)
+                self._device_copies[version] = packed.device_copy
+        self._free_device_copies()
         self._versions[version] = packed
         while len(self._versions) > self.settings.keep_versions:
             self._versions.popitem(last=False)
@@ -144,11 +170,13 @@ class WeightPublisher:
         """The current version at once (fetch only: the receiver is not in a group yet), then each new one."""
         receiver_id = receiver.receiver_id
         self._registrations += 1
-        watcher = _Watcher(receiver_id, receiver.accepts_broadcast, self._registrations)
+        watcher = _Watcher(
+            receiver_id, receiver.accepts_broadcast, self._registrations, receiver.cuda_device_uuid
+        )
         self._watchers[receiver_id] = watcher  # a reconnecting receiver replaces its old stream
         try:
             if self._latest is not None:
-                yield WeightNotice(self._latest.version, self._latest.layout)
+                yield self._notice(self._latest, watcher)
             while True:
                 yield await watcher.queue.get()
         finally:
@@ -187,12 +215,14 @@ class WeightPublisher:
         # A receiver that reconnected is a new member even under the same id: its old process group
         # is gone, so the membership key includes each stream's registration number.
         members = sorted(
-            f"{w.receiver_id}#{w.serial}" for w in self._watchers.values() if w.accepts_broadcast
+            f"{w.receiver_id}#{w.serial}"
+            for w in self._watchers.values()
+            if w.accepts_broadcast and not self._on_device(packed, w)
         )
         if self._store is None or not members or self._fetch_only_next:
             self._fetch_only_next = False
             for watcher in list(self._watchers.values()):
-                watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout))
+                watcher.queue.put_nowait(self._notice(packed, watcher))
             return
         if tuple(members) != self._membership or self._group is None:
             self._group, self._membership, self._epoch = None, tuple(members), self._epoch + 1
@@ -201,7 +231,7 @@ class WeightPublisher:
             rendezvous = None
             if (key := f"{watcher.receiver_id}#{watcher.serial}") in self._membership:
                 rendezvous = self._rendezvous(name, 1 + self._membership.index(key))
-            watcher.queue.put_nowait(WeightNotice(packed.version, packed.layout, rendezvous))
+            watcher.queue.put_nowait(self._notice(packed, watcher, rendezvous))
         try:
             await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
@@ -210,6 +240,52 @@ class WeightPublisher:
             log.warning(
                 "broadcast failed; receivers will fetch", version=packed.version.version, error=str(exc)
             )
+
+    def release(self, receiver_id: str, version: WeightVersion) -> None:
+        """`receiver_id` is done with the device buffers of `version` (ReleaseWeights)."""
+        copy = self._device_copies.get(version.version)
+        if copy is not None and version.run_id in ("", self.run_id):
+            copy.holders.discard(receiver_id)
+        self._free_device_copies()
+
+    def _on_device(self, packed: _Packed, watcher: _Watcher) -> bool:
+        return packed.device_copy is not None and watcher.cuda_device_uuid == self._device_uuid
+
+    def _notice(
+        self, packed: _Packed, watcher: _Watcher, rendezvous: Rendezvous | None = None
+    ) -> WeightNotice:
+        """The notice of `packed` for `watcher`: with the device buffers if it shares the GPU."""
+        if packed.device_copy is None or not self._on_device(packed, watcher):
+            return WeightNotice(packed.version, packed.layout, rendezvous)
+        packed.device_copy.holders.add(watcher.receiver_id)
+        return WeightNotice(packed.version, packed.layout, cuda_ipc=packed.device_copy.export)
+
+    def _device_copy(self, buckets: list[torch.Tensor], device: torch.device) -> _DeviceCopy:
+        on_device = [b.to(device) for b in buckets]  # each its own allocation, as export needs
+        torch.cuda.synchronize(device)
+        deadline = time.monotonic() + self.settings.cuda_ipc_release_s
+        return _DeviceCopy(on_device, cuda_ipc.export(on_device), set(), deadline)
+
+    def _free_device_copies(self) -> None:
+        """Free the device buffers no receiver holds any more, except the newest version's (a
+        receiver may still connect to it); a holder past the deadline is given up on."""
+        newest = self._latest.version.version if self._latest is not None else -1
+        now = time.monotonic()
+        done = [
+            v for v, c in self._device_copies.items()
+            if v != newest and (not c.holders or now > c.deadline)
+        ]  # fmt: skip
+        for version in done:
+            copy = self._device_copies.pop(version)
+            for packed in self._versions.values():
+                if packed.device_copy is copy:
+                    packed.device_copy = None
+            if copy.holders:
+                log.warning(
+                    "device buffers freed before release", version=version, holders=sorted(copy.holders)
+                )
+        if done:
+            torch.cuda.ipc_collect()  # blocks whose consumers have closed them go back to the allocator
 
     def _rendezvous(self, name: str, rank: int) -> Rendezvous:
         assert self._backend is not None

@@ -2,9 +2,11 @@
 verified version to the engine.
 
     WatchWeights ──notice──► broadcast (if a rendezvous is given) ──► verify every bucket
-                                 │ failed / timed out / bad checksum          │ all good
-                                 ▼                                            ▼
-                         FetchWeights(bad buckets) ──verify──────────► apply(version, layout, buckets)
+                │                │ failed / timed out / bad checksum          │ all good
+                │                ▼                                            ▼
+                │        FetchWeights(bad buckets) ──verify──────────► apply(version, layout, buckets)
+                │                ▲ refused (other GPU, bad checksum)          ▲
+                └─ cuda_ipc ─────┴── open the trainer's device buffers ──────┘ then ReleaseWeights
 
 Nothing reaches the engine before every bucket of a version has passed its checksum, so a server
 never serves a mix of two versions: a failed transfer leaves the old weights, is counted, and is
@@ -25,6 +27,7 @@ from pipelinerl.common.errors import FailedPrecondition, PipelineError
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights import cuda_ipc
 from pipelinerl.weights.broadcast import BroadcastGroup, join
 from pipelinerl.weights.types import Rendezvous, WatchRequest, WeightChunk, WeightLayout, WeightNotice, crc32
 
@@ -46,6 +49,8 @@ class WeightSource(Protocol):
         self, version: WeightVersion, buckets: Sequence[int], /
     ) -> AsyncIterator[WeightChunk]: ...
 
+    async def release_weights(self, receiver_id: str, version: WeightVersion, /) -> None: ...
+
 
 @dataclass
 class ReceiverStats:
@@ -53,6 +58,7 @@ class ReceiverStats:
     failed_updates: int = 0
     broadcasts: int = 0
     fetches: int = 0
+    cuda_ipc: int = 0
     last_receive_s: float = 0.0
     last_error: str = ""
 
@@ -65,13 +71,17 @@ class WeightReceiver:
         apply: ApplyWeights,
         *,
         accepts_broadcast: bool = True,
+        cuda_device: torch.device | None = None,
         fetch_attempts: int = 3,
         reconnect_s: float = 1.0,
     ) -> None:
+        """`cuda_device`: the GPU the engine runs on, if it accepts versions by CUDA IPC from a
+        trainer on the same GPU."""
         self._source = source
         self._receiver_id = receiver_id
         self._apply = apply
         self._accepts_broadcast = accepts_broadcast
+        self._cuda_uuid = cuda_ipc.device_uuid(cuda_device) if cuda_device is not None else ""
         self._fetch_attempts = fetch_attempts
         self._reconnect_s = reconnect_s
         self._group: BroadcastGroup | None = None
@@ -84,7 +94,7 @@ class WeightReceiver:
         while True:
             try:
                 current = -1 if self.version is None else self.version.version
-                request = WatchRequest(self._receiver_id, current, self._accepts_broadcast)
+                request = WatchRequest(self._receiver_id, current, self._accepts_broadcast, self._cuda_uuid)
                 async for notice in self._source.watch_weights(request):
                     await self.receive(notice)
             except asyncio.CancelledError:
@@ -102,11 +112,18 @@ class WeightReceiver:
         if notice.broadcast is not None:
             # Joining the broadcast is owed to the group even for a version we would skip.
             missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
-        if (
+        held = (
             self.version is not None
             and notice.version.version <= self.version.version
             and self.version.run_id == notice.version.run_id
-        ):
+        )
+        if notice.cuda_ipc is not None:
+            applied = not held and await self._receive_on_device(notice)
+            await self._release(notice.version)
+            if applied:
+                self._updated(notice.version, "cuda_ipc", started)
+                return True
+        if held:
             return True
         try:
             if missing:
@@ -119,12 +136,41 @@ class WeightReceiver:
         except PipelineError as exc:  # e.g. a layout that does not fit the served model
             self._fail(notice.version, exc.message)
             return False
-        self.version = notice.version
+        self._updated(notice.version, "fetch" if missing else "broadcast", started)
+        return True
+
+    def _updated(self, version: WeightVersion, via: str, started: float) -> None:
+        self.version = version
         self.stats.updates += 1
         self.stats.last_receive_s = time.perf_counter() - started
-        log.info("weights updated", version=notice.version.version, via="fetch" if missing else "broadcast",
-                 seconds=round(self.stats.last_receive_s, 3))  # fmt: skip
+        seconds = round(self.stats.last_receive_s, 3)
+        log.info("weights updated", version=version.version, via=via, seconds=seconds)
+
+    async def _receive_on_device(self, notice: WeightNotice) -> bool:
+        """Apply the version straight from the trainer's device buffers; False (fetch instead) if
+        they cannot be opened here or fail their checksum."""
+        assert notice.cuda_ipc is not None
+        try:
+            opened = cuda_ipc.open_buckets(notice.cuda_ipc)
+            sizes, got = [b.num_bytes for b in notice.layout.buckets], [b.numel() for b in opened]
+            if got != sizes:
+                raise FailedPrecondition(f"device buckets of {got} bytes, expected {sizes}")
+            await self._apply(notice.version, notice.layout, opened)
+        except PipelineError as exc:
+            self.stats.last_error = f"cuda_ipc: {exc.message}"
+            log.warning("cuda_ipc hand-off refused; fetching instead", version=notice.version.version,
+                        error=exc.message)  # fmt: skip
+            return False
+        self.stats.cuda_ipc += 1
         return True
+
+    async def _release(self, version: WeightVersion) -> None:
+        """Tell the trainer it may free the device buffers (the handles are closed: the opened
+        tensors are gone once `_receive_on_device` returned)."""
+        try:
+            await self._source.release_weights(self._receiver_id, version)
+        except PipelineError as exc:  # the trainer frees them after its deadline anyway
+            log.warning("release of device buffers failed", version=version.version, error=exc.message)
 
     def _buckets_for(self, layout: WeightLayout) -> list[torch.Tensor]:
         """Receive buffers, reused from version to version while the layout's sizes hold: fresh

@@ -27,3 +27,7 @@ class PublisherSettings(BaseModel):
     """A rendezvous or broadcast slower than this fails; receivers then fetch."""
     keep_versions: int = Field(default=2, ge=1)
     """Packed versions kept for FetchWeights (a receiver mid-fetch keeps its version)."""
+    cuda_ipc: bool = True
+    """Hand each version by CUDA IPC to receivers on the trainer's own GPU (trainer on CUDA only)."""
+    cuda_ipc_release_s: float = Field(default=60.0, gt=0)
+    """A version's device buffers are freed once every receiver released them, or after this long."""

@@ -82,15 +82,44 @@ class WatchRequest:
     receiver_id: str
     current_version: int
     accepts_broadcast: bool
+    cuda_device_uuid: str = ""
+    """The GPU the receiver can open CUDA IPC handles on; empty if none."""
+
+
+@dataclass(frozen=True)
+class IpcBucket:
+    """One bucket's device buffer, as torch shares a CUDA storage between processes."""
+
+    index: int
+    num_bytes: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    checksum: bytes
+    """`sum64` of the bucket (`pipelinerl.weights.cuda_ipc`), computed on the device."""
+
+
+@dataclass(frozen=True)
+class IpcExport:
+    """Every bucket of one version, on the GPU named by `device_uuid`."""
+
+    device_uuid: str
+    buckets: tuple[IpcBucket, ...]
 
 
 @dataclass(frozen=True)
 class WeightNotice:
-    """A new version is ready; receive it by broadcast (if `broadcast` is set) or by fetching."""
+    """A new version is ready; receive it by CUDA IPC (if `cuda_ipc` is set), by broadcast (if
+    `broadcast` is set) or by fetching."""
 
     version: WeightVersion
     layout: WeightLayout
     broadcast: Rendezvous | None = None
+    cuda_ipc: IpcExport | None = None
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@ publishes versions v = 0, 1, ..., where version v is `expected_weights(v)` (smal
 with `--weights tiny`, `preset_weights(v)` (the tiny preset drawn from seed 100 + v).
 
     python standin_trainer.py PORT_FILE --versions N --interval S [--weights toy|tiny] [--corrupt]
+                              [--device cuda]
 
 Without `--interval`, the next version is published each time the file `PORT_FILE.next` appears
 (and is then removed), so a test decides exactly when an update lands. With `--corrupt`, odd
-versions are announced with a wrong bucket checksum.
+versions are announced with a wrong bucket checksum. With `--device cuda`, the weights are CUDA
+tensors, so a receiver on the same GPU is handed each version by CUDA IPC.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def main(args: argparse.Namespace) -> None:
     weights = preset_weights if args.weights == "tiny" else expected_weights
     trigger = Path(f"{args.port_file}.next")
     for version in range(args.versions):
-        await publisher.publish(version, weights(version))
+        await publisher.publish(version, {k: v.to(args.device) for k, v in weights(version).items()})
         core.version = version
         if version == 0:
             args.port_file.write_text(str(server.port))
@@ -71,4 +73,5 @@ if __name__ == "__main__":
     parser.add_argument("--interval", type=float)
     parser.add_argument("--weights", choices=["toy", "tiny"], default="toy")
     parser.add_argument("--corrupt", action="store_true")
+    parser.add_argument("--device", default="cpu")
     asyncio.run(main(parser.parse_args()))

@@ -26,15 +26,15 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from pipelinerl.common.v1 import common_pb2 as pipelinerl_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pipelinerl/trainer/v1/trainer.proto\x12\x15pipelinerl.trainer.v1\x1a\x17google/rpc/status.proto\x1a!pipelinerl/common/v1/common.proto\"h\n\x14SubmitSamplesRequest\x12-\n\x07samples\x18\x01 \x03(\x0b\x32\x1c.pipelinerl.common.v1.Sample\x12\r\n\x05\x66lush\x18\x02 \x01(\x08\x12\x12\n\ncheckpoint\x18\x03 \x01(\x08\"\x8b\x01\n\tSampleAck\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x37\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\".pipelinerl.trainer.v1.Disposition\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.Status\"`\n\x15SubmitSamplesResponse\x12.\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32 .pipelinerl.trainer.v1.SampleAck\x12\x17\n\x0f\x64urable_version\x18\x02 \x01(\x03\"^\n\x13WatchWeightsRequest\x12\x13\n\x0breceiver_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x19\n\x11\x61\x63\x63\x65pts_broadcast\x18\x03 \x01(\x08\"\xbf\x01\n\x14WatchWeightsResponse\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x32\n\x06layout\x18\x02 \x01(\x0b\x32\".pipelinerl.common.v1.WeightLayout\x12=\n\tbroadcast\x18\x03 \x01(\x0b\x32*.pipelinerl.trainer.v1.BroadcastRendezvous\"\x8c\x01\n\x13\x42roadcastRendezvous\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x12\n\ngroup_name\x18\x04 \x01(\t\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0c\n\x04rank\x18\x06 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\"\\\n\x13\x46\x65tchWeightsRequest\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0f\n\x07\x62uckets\x18\x02 \x03(\x05\"H\n\x14\x46\x65tchWeightsResponse\x12\x30\n\x05\x63hunk\x18\x01 \x01(\x0b\x32!.pipelinerl.common.v1.TensorChunk\"\x12\n\x10GetStatusRequest\"\xf0\x01\n\x11GetStatusResponse\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x18\n\x10\x62uffered_samples\x18\x02 \x01(\x05\x12\x17\n\x0ftrained_samples\x18\x03 \x01(\x03\x12\x17\n\x0f\x64ropped_samples\x18\x04 \x01(\x03\x12\x18\n\x10rejected_samples\x18\x05 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x10\n\x08watchers\x18\x07 \x01(\x05\x12\x17\n\x0f\x64urable_version\x18\x08 \x01(\x03*\xab\x01\n\x0b\x44isposition\x12\x1b\n\x17\x44ISPOSITION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44ISPOSITION_ACCEPTED\x10\x01\x12\x17\n\x13\x44ISPOSITION_TRAINED\x10\x02\x12\x19\n\x15\x44ISPOSITION_DUPLICATE\x10\x03\x12\x17\n\x13\x44ISPOSITION_DROPPED\x10\x04\x12\x18\n\x14\x44ISPOSITION_REJECTED\x10\x05\x32\xb6\x03\n\x0eTrainerService\x12n\n\rSubmitSamples\x12+.pipelinerl.trainer.v1.SubmitSamplesRequest\x1a,.pipelinerl.trainer.v1.SubmitSamplesResponse(\x01\x30\x01\x12i\n\x0cWatchWeights\x12*.pipelinerl.trainer.v1.WatchWeightsRequest\x1a+.pipelinerl.trainer.v1.WatchWeightsResponse0\x01\x12i\n\x0c\x46\x65tchWeights\x12*.pipelinerl.trainer.v1.FetchWeightsRequest\x1a+.pipelinerl.trainer.v1.FetchWeightsResponse0\x01\x12^\n\tGetStatus\x12\'.pipelinerl.trainer.v1.GetStatusRequest\x1a(.pipelinerl.trainer.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pipelinerl/trainer/v1/trainer.proto\x12\x15pipelinerl.trainer.v1\x1a\x17google/rpc/status.proto\x1a!pipelinerl/common/v1/common.proto\"h\n\x14SubmitSamplesRequest\x12-\n\x07samples\x18\x01 \x03(\x0b\x32\x1c.pipelinerl.common.v1.Sample\x12\r\n\x05\x66lush\x18\x02 \x01(\x08\x12\x12\n\ncheckpoint\x18\x03 \x01(\x08\"\x8b\x01\n\tSampleAck\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x37\n\x0b\x64isposition\x18\x02 \x01(\x0e\x32\".pipelinerl.trainer.v1.Disposition\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.Status\"`\n\x15SubmitSamplesResponse\x12.\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32 .pipelinerl.trainer.v1.SampleAck\x12\x17\n\x0f\x64urable_version\x18\x02 \x01(\x03\"x\n\x13WatchWeightsRequest\x12\x13\n\x0breceiver_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x19\n\x11\x61\x63\x63\x65pts_broadcast\x18\x03 \x01(\x08\x12\x18\n\x10\x63uda_device_uuid\x18\x04 \x01(\t\"\xf8\x01\n\x14WatchWeightsResponse\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x32\n\x06layout\x18\x02 \x01(\x0b\x32\".pipelinerl.common.v1.WeightLayout\x12=\n\tbroadcast\x18\x03 \x01(\x0b\x32*.pipelinerl.trainer.v1.BroadcastRendezvous\x12\x37\n\x08\x63uda_ipc\x18\x04 \x01(\x0b\x32%.pipelinerl.trainer.v1.CudaIpcBuckets\"\\\n\x0e\x43udaIpcBuckets\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\x35\n\x07\x62uckets\x18\x02 \x03(\x0b\x32$.pipelinerl.trainer.v1.CudaIpcBucket\"\xf8\x01\n\rCudaIpcBucket\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x04 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x05 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x06 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x07 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x08 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\t \x01(\x08\x12\x10\n\x08\x63hecksum\x18\n \x01(\x0c\"\x8c\x01\n\x13\x42roadcastRendezvous\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x12\n\ngroup_name\x18\x04 \x01(\t\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0c\n\x04rank\x18\x06 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\"\\\n\x13\x46\x65tchWeightsRequest\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0f\n\x07\x62uckets\x18\x02 \x03(\x05\"H\n\x14\x46\x65tchWeightsResponse\x12\x30\n\x05\x63hunk\x18\x01 \x01(\x0b\x32!.pipelinerl.common.v1.TensorChunk\"b\n\x15ReleaseWeightsRequest\x12\x13\n\x0breceiver_id\x18\x01 \x01(\t\x12\x34\n\x07version\x18\x02 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\"\x18\n\x16ReleaseWeightsResponse\"\x12\n\x10GetStatusRequest\"\xf0\x01\n\x11GetStatusResponse\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x18\n\x10\x62uffered_samples\x18\x02 \x01(\x05\x12\x17\n\x0ftrained_samples\x18\x03 \x01(\x03\x12\x17\n\x0f\x64ropped_samples\x18\x04 \x01(\x03\x12\x18\n\x10rejected_samples\x18\x05 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x10\n\x08watchers\x18\x07 \x01(\x05\x12\x17\n\x0f\x64urable_version\x18\x08 \x01(\x03*\xab\x01\n\x0b\x44isposition\x12\x1b\n\x17\x44ISPOSITION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44ISPOSITION_ACCEPTED\x10\x01\x12\x17\n\x13\x44ISPOSITION_TRAINED\x10\x02\x12\x19\n\x15\x44ISPOSITION_DUPLICATE\x10\x03\x12\x17\n\x13\x44ISPOSITION_DROPPED\x10\x04\x12\x18\n\x14\x44ISPOSITION_REJECTED\x10\x05\x32\xa5\x04\n\x0eTrainerService\x12n\n\rSubmitSamples\x12+.pipelinerl.trainer.v1.SubmitSamplesRequest\x1a,.pipelinerl.trainer.v1.SubmitSamplesResponse(\x01\x30\x01\x12i\n\x0cWatchWeights\x12*.pipelinerl.trainer.v1.WatchWeightsRequest\x1a+.pipelinerl.trainer.v1.WatchWeightsResponse0\x01\x12i\n\x0c\x46\x65tchWeights\x12*.pipelinerl.trainer.v1.FetchWeightsRequest\x1a+.pipelinerl.trainer.v1.FetchWeightsResponse0\x01\x12^\n\tGetStatus\x12\'.pipelinerl.trainer.v1.GetStatusRequest\x1a(.pipelinerl.trainer.v1.GetStatusResponse\x12m\n\x0eReleaseWeights\x12,.pipelinerl.trainer.v1.ReleaseWeightsRequest\x1a-.pipelinerl.trainer.v1.ReleaseWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pipelinerl.trainer.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DISPOSITION']._serialized_start=1333
-  _globals['_DISPOSITION']._serialized_end=1504
+  _globals['_DISPOSITION']._serialized_start=1887
+  _globals['_DISPOSITION']._serialized_end=2058
   _globals['_SUBMITSAMPLESREQUEST']._serialized_start=122
   _globals['_SUBMITSAMPLESREQUEST']._serialized_end=226
   _globals['_SAMPLEACK']._serialized_start=229
@@ -42,19 +42,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITSAMPLESRESPONSE']._serialized_start=370
   _globals['_SUBMITSAMPLESRESPONSE']._serialized_end=466
   _globals['_WATCHWEIGHTSREQUEST']._serialized_start=468
-  _globals['_WATCHWEIGHTSREQUEST']._serialized_end=562
-  _globals['_WATCHWEIGHTSRESPONSE']._serialized_start=565
-  _globals['_WATCHWEIGHTSRESPONSE']._serialized_end=756
-  _globals['_BROADCASTRENDEZVOUS']._serialized_start=759
-  _globals['_BROADCASTRENDEZVOUS']._serialized_end=899
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=901
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=993
-  _globals['_FETCHWEIGHTSRESPONSE']._serialized_start=995
-  _globals['_FETCHWEIGHTSRESPONSE']._serialized_end=1067
-  _globals['_GETSTATUSREQUEST']._serialized_start=1069
-  _globals['_GETSTATUSREQUEST']._serialized_end=1087
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1090
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1330
-  _globals['_TRAINERSERVICE']._serialized_start=1507
-  _globals['_TRAINERSERVICE']._serialized_end=1945
+  _globals['_WATCHWEIGHTSREQUEST']._serialized_end=588
+  _globals['_WATCHWEIGHTSRESPONSE']._serialized_start=591
+  _globals['_WATCHWEIGHTSRESPONSE']._serialized_end=839
+  _globals['_CUDAIPCBUCKETS']._serialized_start=841
+  _globals['_CUDAIPCBUCKETS']._serialized_end=933
+  _globals['_CUDAIPCBUCKET']._serialized_start=936
+  _globals['_CUDAIPCBUCKET']._serialized_end=1184
+  _globals['_BROADCASTRENDEZVOUS']._serialized_start=1187
+  _globals['_BROADCASTRENDEZVOUS']._serialized_end=1327
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=1329
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=1421
+  _globals['_FETCHWEIGHTSRESPONSE']._serialized_start=1423
+  _globals['_FETCHWEIGHTSRESPONSE']._serialized_end=1495
+  _globals['_RELEASEWEIGHTSREQUEST']._serialized_start=1497
+  _globals['_RELEASEWEIGHTSREQUEST']._serialized_end=1595
+  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_start=1597
+  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_end=1621
+  _globals['_GETSTATUSREQUEST']._serialized_start=1623
+  _globals['_GETSTATUSREQUEST']._serialized_end=1641
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1644
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1884
+  _globals['_TRAINERSERVICE']._serialized_start=2061
+  _globals['_TRAINERSERVICE']._serialized_end=2610
 # @@protoc_insertion_point(module_scope)

@@ -55,24 +55,60 @@ class SubmitSamplesResponse(_message.Message):
     def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ..., durable_version: _Optional[int] = ...) -> None: ...
 
 class WatchWeightsRequest(_message.Message):
-    __slots__ = ("receiver_id", "current_version", "accepts_broadcast")
+    __slots__ = ("receiver_id", "current_version", "accepts_broadcast", "cuda_device_uuid")
     RECEIVER_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     receiver_id: str
     current_version: int
     accepts_broadcast: bool
-    def __init__(self, receiver_id: _Optional[str] = ..., current_version: _Optional[int] = ..., accepts_broadcast: _Optional[bool] = ...) -> None: ...
+    cuda_device_uuid: str
+    def __init__(self, receiver_id: _Optional[str] = ..., current_version: _Optional[int] = ..., accepts_broadcast: _Optional[bool] = ..., cuda_device_uuid: _Optional[str] = ...) -> None: ...
 
 class WatchWeightsResponse(_message.Message):
-    __slots__ = ("version", "layout", "broadcast")
+    __slots__ = ("version", "layout", "broadcast", "cuda_ipc")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     version: _common_pb2.WeightVersion
     layout: _common_pb2.WeightLayout
     broadcast: BroadcastRendezvous
-    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.WeightLayout, _Mapping]] = ..., broadcast: _Optional[_Union[BroadcastRendezvous, _Mapping]] = ...) -> None: ...
+    cuda_ipc: CudaIpcBuckets
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.WeightLayout, _Mapping]] = ..., broadcast: _Optional[_Union[BroadcastRendezvous, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpcBuckets, _Mapping]] = ...) -> None: ...
+
+class CudaIpcBuckets(_message.Message):
+    __slots__ = ("device_uuid", "buckets")
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: str
+    buckets: _containers.RepeatedCompositeFieldContainer[CudaIpcBucket]
+    def __init__(self, device_uuid: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[CudaIpcBucket, _Mapping]]] = ...) -> None: ...
+
+class CudaIpcBucket(_message.Message):
+    __slots__ = ("index", "num_bytes", "handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "checksum")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    num_bytes: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    checksum: bytes
+    def __init__(self, index: _Optional[int] = ..., num_bytes: _Optional[int] = ..., handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., checksum: _Optional[bytes] = ...) -> None: ...
 
 class BroadcastRendezvous(_message.Message):
     __slots__ = ("backend", "host", "port", "group_name", "world_size", "rank", "timeout_ms")
@@ -105,6 +141,18 @@ class FetchWeightsResponse(_message.Message):
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     chunk: _common_pb2.TensorChunk
     def __init__(self, chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class ReleaseWeightsRequest(_message.Message):
+    __slots__ = ("receiver_id", "version")
+    RECEIVER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    receiver_id: str
+    version: _common_pb2.WeightVersion
+    def __init__(self, receiver_id: _Optional[str] = ..., version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ...) -> None: ...
+
+class ReleaseWeightsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

@@ -55,6 +55,11 @@ class TrainerServiceStub:
                 request_serializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ReleaseWeights = channel.unary_unary(
+                '/pipelinerl.trainer.v1.TrainerService/ReleaseWeights',
+                request_serializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsRequest.SerializeToString,
+                response_deserializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -99,6 +104,14 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseWeights(self, request, context):
+        """The receiver has copied a version it was handed by CUDA IPC and closed the handles: the
+        trainer may free those device buffers (it frees them anyway after a deadline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +134,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.FromString,
                     response_serializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ReleaseWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseWeights,
+                    request_deserializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsRequest.FromString,
+                    response_serializer=pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -232,6 +250,33 @@ class TrainerService:
             '/pipelinerl.trainer.v1.TrainerService/GetStatus',
             pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusRequest.SerializeToString,
             pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pipelinerl.trainer.v1.TrainerService/ReleaseWeights',
+            pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsRequest.SerializeToString,
+            pipelinerl_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
