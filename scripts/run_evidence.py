@@ -1,0 +1,19 @@
+"""Check a finished `pipelinerl run` directory as the end-to-end tests do: every attempt final, and
+each trained one in the final weights exactly once. Prints one JSON line of the dispositions.
+
+    python scripts/run_evidence.py RUN_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
+
+if __name__ == "__main__":
+    run_dir = Path(sys.argv[1])
+    attempts = len(journal_rows(run_dir))
+    dispositions = assert_trained_exactly_once(run_dir, attempts)
+    print(json.dumps({"attempts": attempts, "trained_exactly_once": True, **dispositions}))
