@@ -45,7 +45,7 @@ from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenS
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.inference import server as inference_server
-from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierDetail, VerifierInfo
 from pipelinerl.trainer import server as trainer_server
@@ -74,8 +74,8 @@ class FixedEngine:
         await asyncio.sleep(self.generation_s)
         yield GenerationUpdate(request.request_id, COMPLETION, FinishReason.STOP, text="42")
 
-    def status(self) -> EngineStatus:
-        return EngineStatus(WeightVersion(0, "load"), 0, 0, 0.0, 0, 0, "fixed", "fixed")
+    def status(self) -> InferenceStatus:
+        return InferenceStatus(WeightVersion(0, "load"), 0, 0, 0.0, 0, 0, "fixed", "fixed")
 
 
 class InstantReward:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pipelinerl.common.errors import ErrorInfo, FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence, WeightVersion
 from pipelinerl.coordinator.types import Progress, RunInfo, RunSpec, RunState
-from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
 from pipelinerl.reward.types import (
     ScoreItem,
     ScoreResult,
@@ -92,8 +92,8 @@ class FakeBackend:
         finally:
             self.running -= 1
 
-    def status(self) -> EngineStatus:
-        return EngineStatus(WeightVersion(0, "fake"), 0, 0, 0.0, 0, 0, "fake", "counter")
+    def status(self) -> InferenceStatus:
+        return InferenceStatus(WeightVersion(0, "fake"), 0, 0, 0.0, 0, 0, "fake", "counter")
 
 
 class FakeTrainer:

@@ -23,7 +23,7 @@ from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.status import domain_errors, error_from_status
 from pipelinerl.common.types import TokenSequence
 from pipelinerl.inference.convert import completion_from_proto, status_from_proto
-from pipelinerl.inference.types import Completion, EngineStatus, GenerationRequest
+from pipelinerl.inference.types import Completion, GenerationRequest, InferenceStatus
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
 
@@ -190,6 +190,6 @@ class InferenceClient(ServiceClient):
         """A new Generate stream (use with `async with`)."""
         return GenerateSession(self._stub)
 
-    async def status(self, timeout_s: float | None = None) -> EngineStatus:
+    async def status(self, timeout_s: float | None = None) -> InferenceStatus:
         with domain_errors():
             return status_from_proto(await self._stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s))

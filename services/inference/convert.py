@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipelinerl.common import convert
-from pipelinerl.inference.types import Completion, EngineStatus, Limits
+from pipelinerl.inference.types import Completion, InferenceStatus, Limits
 from pipelinerl.inference.v1 import inference_pb2 as pb
 
 
@@ -39,7 +39,7 @@ def completion_from_proto(msg: pb.Completion) -> Completion:
     )
 
 
-def status_to_proto(s: EngineStatus) -> pb.GetStatusResponse:
+def status_to_proto(s: InferenceStatus) -> pb.GetStatusResponse:
     return pb.GetStatusResponse(
         weight_version=convert.version_to_proto(s.weight_version),
         running=s.running,
@@ -52,8 +52,8 @@ def status_to_proto(s: EngineStatus) -> pb.GetStatusResponse:
     )
 
 
-def status_from_proto(msg: pb.GetStatusResponse) -> EngineStatus:
-    return EngineStatus(
+def status_from_proto(msg: pb.GetStatusResponse) -> InferenceStatus:
+    return InferenceStatus(
         weight_version=convert.version_from_proto(msg.weight_version),
         running=msg.running,
         queued=msg.queued,

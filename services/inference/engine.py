@@ -60,7 +60,10 @@ class FailedUpdate(GenerationUpdate):
 
 
 @dataclass(frozen=True)
-class EngineStats:
+class SchedulerStats:
+    """A snapshot of the built-in engine's batch and counters; the runner reports part of it as
+    `InferenceStatus`."""
+
     running: int
     queued: int
     max_running: int
@@ -165,12 +168,12 @@ class InferenceEngine:
     def limits(self) -> Limits:
         return Limits(self.settings.max_running, self.settings.max_new_tokens, self.max_model_len)
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> SchedulerStats:
         """Safe from any thread."""
         recent = list(self._recent_steps)  # one C-level copy: step() may append meanwhile
         tokens = sum(n for n, _ in recent)
         seconds = sum(s for _, s in recent)
-        return EngineStats(
+        return SchedulerStats(
             running=len(self._running),
             queued=len(self._queue),
             max_running=self.settings.max_running,

@@ -24,7 +24,7 @@ from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
-from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.receiver import WeightReceiver
 from pipelinerl.weights.types import WeightLayout
@@ -109,9 +109,9 @@ class EngineRunner:
         if self._failure is not None:
             raise Unavailable(f"the engine failed: {self._failure}")
 
-    def status(self) -> EngineStatus:
+    def status(self) -> InferenceStatus:
         stats = self.engine.stats()
-        return EngineStatus(
+        return InferenceStatus(
             weight_version=WeightVersion(stats.weight_version, self.run_id),
             running=stats.running,
             queued=stats.queued,

@@ -55,7 +55,9 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class EngineStatus:
+class InferenceStatus:
+    """What an inference server reports in `GetStatus`, whichever engine serves it."""
+
     weight_version: WeightVersion
     running: int
     queued: int
@@ -78,7 +80,7 @@ class InferenceBackend(Protocol):
         """Updates until the final one. Raises InvalidArgument (before any update) for a bad request."""
         ...
 
-    def status(self) -> EngineStatus: ...
+    def status(self) -> InferenceStatus: ...
 
 
 def tokens_from(tokens: TokenSequence, start: int) -> TokenSequence:

@@ -47,7 +47,13 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.stop import completion_text
-from pipelinerl.inference.types import EngineStatus, GenerationRequest, GenerationUpdate, Limits, tokens_from
+from pipelinerl.inference.types import (
+    GenerationRequest,
+    GenerationUpdate,
+    InferenceStatus,
+    Limits,
+    tokens_from,
+)
 from pipelinerl.inference.validation import check_request
 from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
 from pipelinerl.weights.types import WeightLayout
@@ -199,9 +205,9 @@ class VllmBackend:
             if not finished:  # the caller went away: free the request's cache in vLLM now
                 await self.llm.abort(request_id)
 
-    def status(self) -> EngineStatus:
+    def status(self) -> InferenceStatus:
         running = self.llm.output_processor.get_num_unfinished_requests()
-        return EngineStatus(
+        return InferenceStatus(
             weight_version=WeightVersion(self._version, self.run_id),
             running=running,
             queued=0,  # vLLM's scheduler does not expose its waiting queue to the front end

@@ -18,6 +18,7 @@ from pipelinerl.trainer.convert import (
 from pipelinerl.trainer.types import SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
+from pipelinerl.weights import convert as weights_convert
 from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 
@@ -69,7 +70,7 @@ class TrainerClient(ServiceClient):
         request = pb.FetchWeightsRequest(version=convert.version_to_proto(version), buckets=buckets)
         with domain_errors():
             async for response in self._stub.FetchWeights(request, timeout=timeout_s):
-                yield convert.chunk_from_proto(response.chunk)
+                yield weights_convert.chunk_from_proto(response.chunk)
 
     async def release_weights(self, receiver_id: str, version: WeightVersion) -> None:
         request = pb.ReleaseWeightsRequest(receiver_id=receiver_id, version=convert.version_to_proto(version))

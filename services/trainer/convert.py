@@ -7,6 +7,7 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.status import info_from_status, status_proto
 from pipelinerl.trainer.types import Disposition, SampleAck, TrainerStatus
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
+from pipelinerl.weights import convert as weights_convert
 from pipelinerl.weights.types import IpcBucket, IpcExport, Rendezvous, WatchRequest, WeightNotice
 
 _DISPOSITIONS = {
@@ -37,7 +38,8 @@ def ack_from_proto(msg: pb.SampleAck) -> SampleAck:
 
 def notice_to_proto(notice: WeightNotice) -> pb.WatchWeightsResponse:
     msg = pb.WatchWeightsResponse(
-        version=convert.version_to_proto(notice.version), layout=convert.layout_to_proto(notice.layout)
+        version=convert.version_to_proto(notice.version),
+        layout=weights_convert.layout_to_proto(notice.layout),
     )
     if notice.broadcast is not None:
         r = notice.broadcast
@@ -96,7 +98,10 @@ def notice_from_proto(msg: pb.WatchWeightsResponse) -> WeightNotice:
         )
         cuda_ipc = IpcExport(msg.cuda_ipc.device_uuid, buckets)
     return WeightNotice(
-        convert.version_from_proto(msg.version), convert.layout_from_proto(msg.layout), broadcast, cuda_ipc
+        convert.version_from_proto(msg.version),
+        weights_convert.layout_from_proto(msg.layout),
+        broadcast,
+        cuda_ipc,
     )
 
 

@@ -20,6 +20,7 @@ from pipelinerl.trainer.convert import (
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
+from pipelinerl.weights import convert as weights_convert
 
 MAX_SAMPLES_PER_MESSAGE = 4096
 
@@ -107,7 +108,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise InvalidArgument.field("version.version", "must be >= 0")
         version = convert.version_from_proto(request.version)
         async for chunk in self._core.fetch(version, list(request.buckets)):
-            yield pb.FetchWeightsResponse(chunk=convert.chunk_to_proto(chunk))
+            yield pb.FetchWeightsResponse(chunk=weights_convert.chunk_to_proto(chunk))
 
     async def ReleaseWeights(
         self, request: pb.ReleaseWeightsRequest, context: grpc.aio.ServicerContext

@@ -1,6 +1,7 @@
 """Weight transport: a version from the optimizer step to the inference engine.
 
-layout of tensors in flat buckets (`buckets`), the wire types (`types`), the NCCL/gloo broadcast
-group (`broadcast`), the trainer-side `publisher` and the inference-side `receiver`. See
+The layout of tensors in flat buckets (`buckets`), the domain types (`types`) and their messages
+(`convert`), the NCCL/gloo broadcast group (`broadcast`), CUDA IPC on one GPU (`cuda_ipc`), the
+trainer-side `publisher` and its `settings`, the inference-side `receiver`. See
 docs/weight-transport.md.
 """

@@ -1,8 +1,9 @@
 """Domain view of a weight version on the wire: the layout of tensors in flat buckets, the notice a
 trainer sends when a version is ready, and the chunks `FetchWeights` streams.
 
-The weight publisher (trainer side) and receivers (inference side) speak these types; conversion
-to `pipelinerl.common.v1` / `pipelinerl.trainer.v1` messages happens in the servicers and clients.
+The weight publisher (trainer side) and receivers (inference side) speak these types; they meet
+their `pipelinerl.common.v1` messages in `pipelinerl.weights.convert`, the notice and watch request
+(`pipelinerl.trainer.v1`) in `pipelinerl.trainer.convert`.
 """
 
 from __future__ import annotations

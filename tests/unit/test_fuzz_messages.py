@@ -31,6 +31,7 @@ from pipelinerl.reward.server import RewardServicer
 from pipelinerl.reward.v1 import reward_pb2
 from pipelinerl.trainer import convert as trainer_convert
 from pipelinerl.trainer.v1 import trainer_pb2
+from pipelinerl.weights import convert as weights_convert
 from tests.fakes import FakeBackend, FakeCoordinator, FakeReward
 
 # Small enough for about a second per property, so the whole file stays well under 30 s.
@@ -96,9 +97,9 @@ CONVERTERS: list[tuple[type[Message], Callable[[Any], object]]] = [
     (common_pb2.TokenSequence, convert.tokens_from_proto),
     (common_pb2.Sample, convert.sample_from_proto),
     (common_pb2.WeightVersion, convert.version_from_proto),
-    (common_pb2.Checksum, convert.checksum_from_proto),
-    (common_pb2.WeightLayout, convert.layout_from_proto),
-    (common_pb2.TensorChunk, convert.chunk_from_proto),
+    (common_pb2.Checksum, weights_convert.checksum_from_proto),
+    (common_pb2.WeightLayout, weights_convert.layout_from_proto),
+    (common_pb2.TensorChunk, weights_convert.chunk_from_proto),
     (coordinator_pb2.RunSpec, coordinator_convert.spec_from_proto),
     (coordinator_pb2.GetRunRequest, lambda msg: coordinator_convert.run_id_from_proto(msg.run_id)),
     (coordinator_pb2.Run, coordinator_convert.run_from_proto),
