@@ -7,9 +7,11 @@ static batches of `--batch` requests, each until its longest member is done, whi
 batching costs; the engine keeps `--batch` rows busy, refilling a row as soon as its sequence ends.
 Only useful tokens count: each request's own max_new_tokens. Both use `--threads` torch threads
 (default 1: on a small shared machine, multi-threaded timings swing with the neighbours' load).
-Ends with one JSON line on stdout:
+With `--device cuda` both run on the GPU, in `--dtype` (float32 by default), and each timing ends
+with a `torch.cuda.synchronize`. Ends with one JSON line on stdout:
 
     python benchmarks/engine.py [--preset small] [--requests 48] [--batch 16] [--lengths loguniform]
+    python benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import argparse
 import json
 import math
 import random
-import time
 
 import torch
+from timing import clock
 
 from pipelinerl.common.log import configure_logging, get_logger
-from pipelinerl.common.model import LoadedModel, build_preset
+from pipelinerl.common.model import LoadedModel, load_model
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import InferenceEngine
@@ -52,31 +54,31 @@ def draw_length(rng: random.Random, args: argparse.Namespace) -> int:
 
 def run_engine(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
     """Useful tokens and seconds for the built-in engine."""
-    engine = InferenceEngine(
-        loaded.model, loaded.tokenizer, EngineSettings(max_running=batch, ignore_eos=True)
-    )
-    started = time.perf_counter()
+    device = loaded.model.device
+    settings = EngineSettings(device=str(device), max_running=batch, ignore_eos=True)
+    engine = InferenceEngine(loaded.model, loaded.tokenizer, settings)
+    started = clock(device)
     for i, (prompt, max_new) in enumerate(workload):
         engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, seed=i)))
     tokens = 0
     while engine.has_work:
         tokens += sum(len(update.tokens) for update in engine.step() if update.finish_reason is not None)
-    return tokens, time.perf_counter() - started
+    return tokens, clock(device) - started
 
 
 def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
     """Useful tokens and seconds for HF `generate` on static, left-padded batches."""
-    pad = loaded.tokenizer.pad_token_id
-    started = time.perf_counter()
+    model, device, pad = loaded.model, loaded.model.device, loaded.tokenizer.pad_token_id
+    started = clock(device)
     tokens = 0
     for first in range(0, len(workload), batch):
         chunk = workload[first : first + batch]
         width = max(len(prompt) for prompt, _ in chunk)
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
-        loaded.model.generate(
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk], device=device)
+        mask = [[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk]
+        model.generate(  # pyright: ignore[reportCallIssue]  # PreTrainedModel is no GenerationMixin; its causal LMs are
             input_ids,
-            attention_mask=attention_mask,
+            attention_mask=torch.tensor(mask, device=device),
             do_sample=True,
             temperature=1.0,
             top_k=0,
@@ -86,11 +88,11 @@ def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: in
             pad_token_id=pad,
         )
         tokens += sum(max_new for _, max_new in chunk)
-    return tokens, time.perf_counter() - started
+    return tokens, clock(device) - started
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--batch", type=int, default=16)
@@ -99,12 +101,14 @@ def main() -> None:
     parser.add_argument("--lengths", choices=["loguniform", "uniform"], default="loguniform")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     configure_logging("benchmark")  # stderr; stdout carries only the final JSON line
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    loaded = build_preset(args.preset)
+    loaded = load_model(args.preset, dtype=getattr(torch, args.dtype), device=args.device)
     workload = make_workload(args, loaded)
     warmup = [(prompt, 4) for prompt, _ in workload[: args.batch]]
     run_engine(loaded, warmup, args.batch)
@@ -129,6 +133,8 @@ def main() -> None:
         "new_tokens": [args.lengths, args.min_new, args.max_new],
         "threads": args.threads,
         "useful_tokens": engine_tokens,
+        "device": args.device,
+        "dtype": args.dtype,
     }
     print(json.dumps(report))
 

@@ -29,11 +29,23 @@ gone on a few steps, so every swap is measured on its own. Figures, side by side
   --repeats, timed on the sender like the publisher. broadcast_ratio = library / raw (target >= 0.8).
 - tokens_lost: tokens asked for minus tokens received over all requests (must be 0);
   versions_seen_per_request shows that every request decoded across every update.
+- transport: how the versions arrived, from the receiver's own counters (`broadcast`, `fetch`,
+  `cuda_ipc`, joined by `+` when mixed); cuda_ipc_updates: how many came by CUDA IPC.
+
+With `--device cuda` both processes run on the GPU: the trainer publishes CUDA tensors with
+broadcast off, the engine decodes on the GPU and its receiver declares that GPU, so every version
+arrives by cuda_ipc (its device buffers opened, checked and copied in). memcpy_ms is then one
+device-to-device copy of the same bytes (timed with `torch.cuda.synchronize`), the broadcast
+figures are null, and stall_over_copy (= stall_ratio) is the figure to read. Publishing still packs
+and checksums on the host, seconds for a 1.5B model, so raise --max-new until decoding outlasts
+the updates (a run where it does not stops with that advice). `--preset` takes a preset's shape
+instead of --layers/--hidden/--intermediate.
 
 Every process uses --threads torch threads (default 1: the two processes share two cores).
 Progress goes to stderr; the last line of stdout is one JSON object:
 
     python benchmarks/weight_update.py [--layers 5] [--hidden 1024] [--updates 4] [--max-new 320]
+    python benchmarks/weight_update.py --device cuda --preset qwen2-0.5b --updates 3 --max-new 2500
 """
 
 from __future__ import annotations
@@ -56,12 +68,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from standin import PublisherOnlyTrainer
+from timing import clock
 from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public, re-exported without `as`
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.common.model import build_tokenizer, preset_config
+from pipelinerl.common.presets import PRESETS
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.common.types import SamplingParams, WeightVersion
@@ -72,7 +86,7 @@ from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.server import registration
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.publisher import WeightPublisher
-from pipelinerl.weights.receiver import WeightReceiver
+from pipelinerl.weights.receiver import ReceiverStats, WeightReceiver
 from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import WeightLayout
 
@@ -87,9 +101,11 @@ WAIT_S = 120.0
 # ---- the model, the same on both sides ---------------------------------------------------------
 
 
-def model_config(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
-    """The `small` preset widened and deepened: head_dim stays 64, the vocabulary the tiny one's,
-    so nearly every parameter sits in the layers the transport moves."""
+def model_config(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:
+    """`--preset`, or else the `small` preset widened and deepened: head_dim stays 64, the
+    vocabulary the tiny one's, so nearly every parameter sits in the layers the transport moves."""
+    if args.preset is not None:
+        return preset_config(args.preset, tokenizer)
     config = preset_config("small", tokenizer)
     config.update(
         {
@@ -104,10 +120,11 @@ def model_config(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -
 
 
 def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    with torch.random.fork_rng(devices=[]):
+    """Drawn on `--device` itself: a 1.5B model's initialisation on one CPU thread takes minutes."""
+    with torch.random.fork_rng(devices=[]), torch.device(args.device):
         torch.manual_seed(args.seed)
         model = AutoModelForCausalLM.from_config(
-            model_config(args, tokenizer), dtype=torch.float32, attn_implementation="sdpa"
+            model_config(args, tokenizer), dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
         )
     return model.eval()
 
@@ -130,7 +147,11 @@ def trainer_main(conn: Connection, args: argparse.Namespace) -> None:
 
 async def _serve_trainer(conn: Connection, args: argparse.Namespace) -> None:
     model = build_model(args, build_tokenizer())
-    publisher = WeightPublisher(PublisherSettings(broadcast_timeout_s=WAIT_S), RUN_ID)
+    # On one GPU, NCCL cannot pair the two processes; the version goes out by CUDA IPC instead.
+    backend = "none" if args.device == "cuda" else "gloo"
+    publisher = WeightPublisher(
+        PublisherSettings(broadcast_backend=backend, broadcast_timeout_s=WAIT_S), RUN_ID
+    )
     await publisher.start()
     core = PublisherOnlyTrainer(publisher, RUN_ID)
     server = GrpcServer(ServiceSettings(port=0, drain_seconds=1), [registration(core)])
@@ -152,13 +173,16 @@ async def _serve_trainer(conn: Connection, args: argparse.Namespace) -> None:
 
 
 async def _publish(publisher: WeightPublisher, model: PreTrainedModel, version: int) -> dict[str, float]:
-    """Publish `version` and return the publisher's figures once its broadcast has ended."""
+    """Publish `version` and return the publisher's figures once its broadcast has ended (at
+    once without broadcast: the notice itself carries the device buffers)."""
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(1.0 - 1e-3)  # every weight moves, as after an optimizer step
     stats = publisher.stats
     ok_before, failed_before = stats.broadcasts, stats.failed_broadcasts
     await publisher.publish(version, dict(model.named_parameters()))
+    if publisher.settings.broadcast_backend == "none":
+        return {"version": version, "pack_s": stats.last_pack_s, "broadcast_ok": False}
     deadline = time.perf_counter() + WAIT_S
     while (stats.broadcasts, stats.failed_broadcasts) == (ok_before, failed_before):
         if time.perf_counter() > deadline:
@@ -282,14 +306,21 @@ async def receive(conn: Connection) -> Any:
 
 async def run_updates(
     args: argparse.Namespace, conn: Connection, port: int, engine: InferenceEngine
-) -> tuple[Decoder, list[dict[str, float]]]:
+) -> tuple[Decoder, list[dict[str, float]], ReceiverStats]:
     """Decode the requests while `args.updates` versions are published, received and swapped in."""
     trainer = TrainerClient(ChannelConfig(f"127.0.0.1:{port}"))
 
     async def apply(version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]) -> None:
+        # As the server's runner does: return once swapped in, so the receiver's buffers (or the
+        # trainer's, opened by CUDA IPC) are let go only after the copy.
         engine.stage_weights(bucketing.unpack(layout, buckets), version.version)
+        await wait_for(lambda: engine.weight_version >= version.version, f"the swap of v{version.version}")
 
-    receiver = WeightReceiver(trainer, "bench-inference", apply)
+    on_gpu = args.device == "cuda"
+    cuda_device = torch.device(args.device) if on_gpu else None
+    receiver = WeightReceiver(
+        trainer, "bench-inference", apply, accepts_broadcast=not on_gpu, cuda_device=cuda_device
+    )
     follow = asyncio.create_task(receiver.run())
     try:
         # A receiver watching before the first version is a broadcast member from the start.
@@ -301,9 +332,10 @@ async def run_updates(
         follow.cancel()
         await asyncio.gather(follow, return_exceptions=True)
         await trainer.close()
-    if receiver.stats.failed_updates or receiver.stats.fetches:
-        log.warning("not every update came by broadcast", **vars(receiver.stats))
-    return decoder, published
+    received = receiver.stats
+    if received.failed_updates or received.fetches:
+        log.warning("not every update came by broadcast or cuda_ipc", **vars(received))
+    return decoder, published, received
 
 
 async def update_once(
@@ -312,7 +344,7 @@ async def update_once(
     """Have the trainer publish `version`; return once it is swapped in and decoding has gone on."""
     conn.send(("publish", version))
     published = await receive(conn)
-    log.info("broadcast ended", **published)
+    log.info("version published", **published)
     engine = decoder.engine
     await wait_for(lambda: engine.weight_version == version, f"the swap of v{version}", decoder)
     # Quiet steps after each swap keep the next update's traffic out of this swap's step gap.
@@ -353,15 +385,16 @@ async def raw_broadcast(conn: Connection, num_bytes: int, repeats: int) -> list[
         dist.destroy_process_group()
 
 
-def memcpy_seconds(num_bytes: int, repeats: int) -> float:
-    """Best time of one contiguous copy of `num_bytes`, source and destination already touched."""
-    source = torch.ones(num_bytes, dtype=torch.uint8)
-    target = torch.zeros(num_bytes, dtype=torch.uint8)
+def memcpy_seconds(num_bytes: int, repeats: int, device: str) -> float:
+    """Best time of one contiguous copy of `num_bytes` on `device`, source and destination
+    already touched."""
+    source = torch.ones(num_bytes, dtype=torch.uint8, device=device)
+    target = torch.zeros(num_bytes, dtype=torch.uint8, device=device)
     best = float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = clock(device)
         target.copy_(source)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, clock(device) - started)
     return best
 
 
@@ -392,42 +425,51 @@ def report(
     published: list[dict[str, float]],
     raw_s: list[float],
     memcpy_s: float,
+    received: ReceiverStats,
 ) -> dict[str, object]:
     params, num_bytes = sizes
     swaps_ms = [s.swap_s * 1e3 for s in decoder.steps if s.swapped]
     median_step, gaps = step_gaps(decoder)
     stall_ms, memcpy_ms = max(swaps_ms), memcpy_s * 1e3
     broadcast = [p for p in published if p["broadcast_ok"]]
-    if not broadcast:
-        raise RuntimeError("no broadcast succeeded: the receiver fetched every version")
-    library = statistics.median(p["gib_per_s"] for p in broadcast)
+    if not broadcast and not received.cuda_ipc:
+        raise RuntimeError("neither broadcast nor cuda_ipc delivered: the receiver fetched every version")
+    library = statistics.median(p["gib_per_s"] for p in broadcast) if broadcast else None
     raw = [num_bytes / 2**30 / s for s in raw_s]
-    raw_median = statistics.median(raw)
+    raw_median = statistics.median(raw) if raw else None
     tokens_lost, versions_seen = token_counts(args, decoder)
+    paths = {"cuda_ipc": received.cuda_ipc, "broadcast": received.broadcasts, "fetch": received.fetches}
+    digits = 3 if args.device == "cuda" else 1  # a GPU copies a model in milliseconds
     return {
-        "stall_ms": round(stall_ms, 1),
-        "stall_gap_ms": round(max(gaps) * 1e3, 1),
-        "memcpy_ms": round(memcpy_ms, 1),
+        "stall_ms": round(stall_ms, digits),
+        "stall_gap_ms": round(max(gaps) * 1e3, digits),
+        "memcpy_ms": round(memcpy_ms, digits),
         "stall_ratio": round(stall_ms / memcpy_ms, 2),
-        "broadcast_gib_per_s": round(library, 3),
-        "raw_broadcast_gib_per_s": round(raw_median, 3),
-        "broadcast_ratio": round(library / raw_median, 2),
+        "broadcast_gib_per_s": round(library, 3) if library is not None else None,
+        "raw_broadcast_gib_per_s": round(raw_median, 3) if raw_median is not None else None,
+        "broadcast_ratio": round(library / raw_median, 2) if library is not None and raw_median else None,
+        "stall_over_copy": round(stall_ms / memcpy_ms, 2),
+        "device": args.device,
+        "transport": "+".join(name for name, count in paths.items() if count) or "none",
+        "cuda_ipc_updates": received.cuda_ipc,
         "tokens_lost": tokens_lost,
         "params": params,
         "bytes": num_bytes,
         "updates": len(swaps_ms),
         "versions_seen_per_request": versions_seen,
-        "swap_ms_each": [round(ms, 1) for ms in swaps_ms],
-        "gap_ms_each": [round(g * 1e3, 1) for g in gaps],
+        "swap_ms_each": [round(ms, digits) for ms in swaps_ms],
+        "gap_ms_each": [round(g * 1e3, digits) for g in gaps],
         "median_step_ms": round(median_step * 1e3, 1),
         "broadcast_gib_per_s_each": [round(p["gib_per_s"], 3) for p in broadcast],
         "broadcast_measured_by": "publisher stats.last_broadcast_gib_per_s (trainer side), during decoding",
         "raw_broadcast_gib_per_s_each": [round(r, 3) for r in raw],
         "pack_s_each": [round(p["pack_s"], 3) for p in published],
-        "failed_broadcasts": len(published) - len(broadcast),
+        "failed_broadcasts": len(published) - len(broadcast) if args.device == "cpu" else 0,
         "requests": args.requests,
         "max_new_tokens": args.max_new,
         "threads": args.threads,
+        "preset": args.preset,
+        "dtype": args.dtype,
     }
 
 
@@ -435,8 +477,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     tokenizer = build_tokenizer()
     model = build_model(args, tokenizer)
     sizes = parameter_bytes(model)
-    log.info("model", params=sizes[0], mib=round(sizes[1] / 2**20, 1))
-    engine = InferenceEngine(model, tokenizer, EngineSettings(max_running=args.requests, ignore_eos=True))
+    log.info("model", params=sizes[0], mib=round(sizes[1] / 2**20, 1), device=args.device)
+    settings = EngineSettings(device=args.device, max_running=args.requests, ignore_eos=True)
+    engine = InferenceEngine(model, tokenizer, settings)
     warm_up(engine, tokenizer)
     context = mp.get_context("spawn")  # a fresh interpreter: no forked grpc or torch thread state
     conn, child_conn = context.Pipe()
@@ -444,19 +487,22 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     trainer.start()
     try:
         _, port = await receive(conn)
-        decoder, published = await run_updates(args, conn, port, engine)
-        raw_s = await raw_broadcast(conn, sizes[1], args.repeats)
+        decoder, published, received = await run_updates(args, conn, port, engine)
+        raw_s = await raw_broadcast(conn, sizes[1], args.repeats) if args.device == "cpu" else []
         conn.send(("stop",))
     finally:
         await asyncio.to_thread(trainer.join, 30)
         if trainer.is_alive():
             trainer.terminate()
-    memcpy_s = memcpy_seconds(sizes[1], args.repeats)
-    return report(args, sizes, decoder, published, raw_s, memcpy_s)
+    memcpy_s = memcpy_seconds(sizes[1], args.repeats, args.device)
+    return report(args, sizes, decoder, published, raw_s, memcpy_s, received)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="instead of the three shape flags")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=1024, help="a multiple of 128 (head_dim 64)")
     parser.add_argument("--intermediate", type=int, default=2816)

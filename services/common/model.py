@@ -1,13 +1,20 @@
 """Load the causal LM the inference engine serves: a local HF directory, or a built-in preset.
 
-Presets are built offline and deterministically (no hub access): a Llama-style config with a
-character-level tokenizer constructed in code. `export_preset` writes one as a normal HF directory
-(config, safetensors, tokenizer.json), which AutoModelForCausalLM, AutoTokenizer and vLLM load back.
+Presets are built offline and deterministically (no hub access): a Llama- or Qwen2-style config
+with a character-level tokenizer constructed in code. `export_preset` writes one as a normal HF
+directory (config, safetensors, tokenizer.json), which AutoModelForCausalLM, AutoTokenizer and vLLM
+load back.
 
-    tiny   ~0.8M params, 4 layers, head_dim 32: tests and CPU end-to-end runs
-    small  ~25M params, 8 layers, head_dim 64: big enough that batching matters (benchmarks)
+    tiny        ~0.8M params, 4 layers, head_dim 32: tests and CPU end-to-end runs
+    small       ~25M params, 8 layers, head_dim 64: big enough that batching matters (benchmarks)
+    gpu-100m    ~104M params, 12 layers, head_dim 64: a `pipelinerl run --device cuda`
+    qwen2-0.5b  ~358M params, 24 layers, head_dim 64: GPU benchmarks
+    qwen2-1.5b  ~1.31B params, 28 layers, head_dim 128: GPU benchmarks
 
-Head sizes are 32 and 64 because vLLM's CPU attention only supports some head sizes.
+The qwen2 presets are Qwen2-shaped, the project's small vocabulary: Qwen2-0.5B's and -1.5B's
+layers without their 151k-token embedding.
+
+Head sizes are 32, 64 and 128 because vLLM's CPU attention only supports some head sizes.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -28,6 +36,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
+    Qwen2Config,
 )
 
 from pipelinerl.common.presets import PRESETS, not_a_model
@@ -66,12 +75,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig | Qwen2Config:
     """The model config of preset `name`, sized to `tokenizer`'s vocabulary."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     shape = PRESETS[name]
-    return LlamaConfig(
+    # Qwen2Config does not declare head_dim (it derives hidden_size / heads, as every preset has
+    # it); passed anyway, it is kept, so `config.head_dim` reads the same for both families.
+    fields: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -80,12 +91,14 @@ def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
         num_key_value_heads=shape.num_key_value_heads,
         head_dim=shape.head_dim,
         max_position_embeddings=shape.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
         initializer_range=PRESET_INIT_RANGE,
         tie_word_embeddings=True,
         pad_token_id=_token_id(tokenizer.pad_token_id),
         bos_token_id=_token_id(tokenizer.bos_token_id),
         eos_token_id=_token_id(tokenizer.eos_token_id),
     )
+    return Qwen2Config(**fields) if shape.family == "qwen2" else LlamaConfig(**fields)
 
 
 def _token_id(value: object) -> int | None:

@@ -215,6 +215,8 @@ class InferenceEngine:
             self._params[name].copy_(tensor)
         count = len(staged)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)  # the copies run ahead of the host: time them
         self._last_swap_s = time.perf_counter() - started
         log.info(
             "weights swapped",

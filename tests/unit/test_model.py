@@ -48,6 +48,26 @@ def test_presets_use_head_sizes_vllm_cpu_supports(name: str) -> None:
     assert config.vocab_size == len(tokenizer)
 
 
+@pytest.mark.parametrize(
+    ("name", "model_type", "params"),
+    [
+        ("gpu-100m", "llama", 103_905_024),
+        ("qwen2-0.5b", "qwen2", 357_987_712),
+        ("qwen2-1.5b", "qwen2", 1_310_494_208),
+    ],
+)
+def test_gpu_presets_have_their_stated_shape_and_size(name: str, model_type: str, params: int) -> None:
+    """Counted on the meta device: building the weights of the larger ones on CPU takes too long."""
+    config = preset_config(name, build_tokenizer())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert (config.model_type, sum(p.numel() for p in model.parameters())) == (model_type, params)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
+    if model_type == "qwen2":
+        assert config.rope_parameters == {"rope_type": "default", "rope_theta": 1e6}
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+
+
 def test_tokenizer_is_character_level_with_bos() -> None:
     tokenizer = build_tokenizer()
     ids = tokenizer("12 + 3 = 15\nok")["input_ids"]
