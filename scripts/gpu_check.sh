@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 PYTHON=${PYTHON:-python3}
 STEPS=${GPU_CHECK_STEPS:-tests engine weights run}
-RUN_S=${GPU_CHECK_RUN_S:-150}
+RUN_S=${GPU_CHECK_RUN_S:-60}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 TOKENIZERS_PARALLELISM=false
 
 # The package is the folder services/: a link named pipelinerl on PYTHONPATH, which the services
@@ -46,20 +46,24 @@ $PYTHON -c "import torch, pipelinerl.cli; print('torch', torch.__version__, 'cud
   | tee -a "$OUT/summary.txt" || exit 1
 
 if wants tests; then
-  step pytest 300 $PYTHON -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="-ra"
+  step pytest 150 $PYTHON -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="-ra"
 fi
 if wants engine; then
-  step bench-engine 120 $PYTHON benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16
+  step bench-engine 60 $PYTHON benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16 \
+    --requests 32 --max-new 256
 fi
 if wants weights; then
-  step bench-weights 240 bash -c "$PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-0.5b \
-    && $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-1.5b"
+  # Requests decode through every update: each needs a host pack first (~1 s at 0.5B in bf16).
+  step bench-weights-0.5b 65 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-0.5b \
+    --dtype bfloat16 --updates 2 --max-new 1500
+  step bench-weights-1.5b 65 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-1.5b \
+    --dtype bfloat16 --updates 2 --max-new 2500
 fi
 if wants run; then
   RUN_DIR=$(mktemp -d)/run
-  step run $((RUN_S + 90)) $PYTHON -c "from pipelinerl.cli import app; app()" run \
-    --device "${GPU_CHECK_DEVICE:-cuda}" --model "${GPU_CHECK_MODEL:-gpu-100m}" --run-dir "$RUN_DIR" --duration-s "$RUN_S" --max-samples "${GPU_CHECK_RUN_SAMPLES:-8192}"
-  step run-evidence 60 $PYTHON scripts/run_evidence.py "$RUN_DIR"
+  step run $((RUN_S + 45)) $PYTHON -c "from pipelinerl.cli import app; app()" run \
+    --device "${GPU_CHECK_DEVICE:-cuda}" --model "${GPU_CHECK_MODEL:-gpu-100m}" --run-dir "$RUN_DIR" --duration-s "$RUN_S" --max-samples "${GPU_CHECK_RUN_SAMPLES:-4096}"
+  step run-evidence 20 $PYTHON scripts/run_evidence.py "$RUN_DIR"
   cp "$RUN_DIR/metrics.jsonl" "$OUT/run-metrics.jsonl" 2>/dev/null
   cp "$RUN_DIR/plot.png" "$OUT/run-plot.png" 2>/dev/null
 fi

@@ -211,8 +211,9 @@ class InferenceEngine:
             version, self._staged_version = self._staged_version, None
             self._version = version
         started = time.perf_counter()
-        for name, tensor in staged.items():
-            self._params[name].copy_(tensor)
+        # One grouped copy: on a GPU, hundreds of single copies cost more in launches than the bytes.
+        params: list[torch.Tensor] = [self._params[name] for name in staged]
+        torch._foreach_copy_(params, list(staged.values()))  # pyright: ignore[reportPrivateImportUsage]  # no public name
         count = len(staged)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
         if self.model.device.type == "cuda":
