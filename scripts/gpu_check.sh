@@ -13,14 +13,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 PYTHON=${PYTHON:-python3}
 STEPS=${GPU_CHECK_STEPS:-tests engine weights run}
-RUN_S=${GPU_CHECK_RUN_S:-60}
+RUN_S=${GPU_CHECK_RUN_S:-50}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 TOKENIZERS_PARALLELISM=false
 
-# The package is the folder services/: a link named pipelinerl on PYTHONPATH, which the services
-# the launcher starts inherit (no build step, nothing written outside /tmp).
+# The package is the folder services/: a link named pipelinerl, on the path of every process
+# (tests and the launcher start children with a PYTHONPATH of their own) through a .pth file.
 LINKS=$(mktemp -d)
 ln -s "$PWD/services" "$LINKS/pipelinerl"
-export PYTHONPATH="$LINKS:$PWD"
+echo "$LINKS" >"$($PYTHON -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pipelinerl-check.pth"
+export PYTHONPATH="$PWD"
 
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
@@ -46,7 +47,7 @@ $PYTHON -c "import torch, pipelinerl.cli; print('torch', torch.__version__, 'cud
   | tee -a "$OUT/summary.txt" || exit 1
 
 if wants tests; then
-  step pytest 150 $PYTHON -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="-ra"
+  step pytest 130 $PYTHON -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="-ra"
 fi
 if wants engine; then
   step bench-engine 60 $PYTHON benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16 \

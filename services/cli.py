@@ -75,7 +75,7 @@ def run(ctx: typer.Context) -> None:
 
     Settings are flags (`pipelinerl run --help`), `PIPELINERL_RUN_*` variables, or `--config FILE`.
     A wrong setting prints `error: <setting>: <reason>` and exits 2 before anything starts;
-    `--debug` shows the traceback instead.
+    `--debug` shows the traceback instead. A run that fails exits 1.
     """
     import asyncio
 
@@ -104,3 +104,5 @@ def run(ctx: typer.Context) -> None:
         f"{result.trained} samples trained ({result.samples_per_s:.1f}/s)"
     )
     typer.echo(f"plot: {result.plot_path}\nmetrics: {result.metrics_path}\nlogs: {settings.run_dir}/*.log")
+    if result.state == "failed":  # the coordinator's log says why
+        raise typer.Exit(1)

@@ -42,7 +42,13 @@ from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, Resour
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference.config import EngineSettings
-from pipelinerl.inference.kv_cache import CachePlan, SlotKVCache, capacity_for, check_attention_window
+from pipelinerl.inference.kv_cache import (
+    CachePlan,
+    SlotKVCache,
+    cache_argument,
+    capacity_for,
+    check_attention_window,
+)
 from pipelinerl.inference.sampling import sample
 from pipelinerl.inference.sequence import SequenceState, eos_token_ids
 from pipelinerl.inference.stop import completion_text
@@ -98,6 +104,7 @@ class InferenceEngine:
         self._eos_ids = eos_token_ids(model, tokenizer)
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
+        self._cache_argument = cache_argument(model)
         self._version = weight_version
         self._lock = threading.Lock()
         self._queue: deque[SequenceState] = deque()
@@ -330,8 +337,8 @@ class InferenceEngine:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=mask,
-            cache=self._cache,
             use_cache=True,
+            **{self._cache_argument: self._cache},
             logits_to_keep=1,
         )
         return out.logits[:, -1]

@@ -10,6 +10,7 @@ sets `plan`, which says where that forward's keys and values go.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,12 @@ def check_attention_window(model: PreTrainedModel, max_model_len: int) -> None:
             f"the built-in engine has no sliding-window attention: set max_model_len <= {window}, "
             f"the model's window (it is {max_model_len})"
         )
+
+
+def cache_argument(model: PreTrainedModel) -> str:
+    """The keyword `model.forward` takes its KV cache by: transformers renamed `past_key_values` to
+    `cache` during 5.x, and a model of an earlier release silently ignores the new name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class SlotKVCache(Cache):

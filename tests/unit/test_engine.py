@@ -15,6 +15,7 @@ from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference import engine as engine_module
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
+from pipelinerl.inference.kv_cache import cache_argument
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
@@ -232,7 +233,7 @@ def greedy_with_swap(
         for _ in range(n):
             if len(tokens) == swap_after:
                 model.load_state_dict(weights)
-            logits = model(input_ids=inputs, cache=cache, use_cache=True).logits
+            logits = model(input_ids=inputs, use_cache=True, **{cache_argument(model): cache}).logits
             tokens.append(int(logits[0, -1].argmax()))
             inputs = torch.tensor([[tokens[-1]]])
     return tokens
