@@ -40,7 +40,8 @@ class TrainerSubmitter:
         self._waiting: dict[str, tuple[Sample, asyncio.Future[SampleAck]]] = {}
         self._kept: dict[str, tuple[Sample, int]] = {}
         """Trained, not yet durable: sample id -> (sample, version of its step)."""
-        self._settled = asyncio.Event()
+        self._answered = asyncio.Event()
+        """Set on every response of the trainer (acks, a new durable version, or both)."""
         self._task: asyncio.Task[None] | None = None
         self.latest_version = 0
         self.durable_version = -1
@@ -76,11 +77,13 @@ class TrainerSubmitter:
         self._queue.put_nowait(Flush(checkpoint))
 
     async def settle(self) -> None:
-        """Flush and checkpoint, then return once every sample submitted is final and durable."""
+        """Flush and checkpoint, then return once every sample submitted is final and durable.
+        Asked again after each answer: a checkpoint taken while the last step was still to come
+        leaves that step's samples not durable, and the trainer checkpoints only when asked."""
         while self._waiting or self._kept:
-            self._settled.clear()
+            self._answered.clear()
             self.flush(checkpoint=True)
-            await self._settled.wait()
+            await self._answered.wait()
 
     async def _batches(self) -> AsyncIterator[list[Sample] | Flush]:
         while True:
@@ -126,8 +129,7 @@ class TrainerSubmitter:
             self._journal.mark_durable(done)
             for sample_id in done:
                 del self._kept[sample_id]
-        if not self._waiting and not self._kept:
-            self._settled.set()
+        self._answered.set()
 
     def _requeue(self) -> None:
         """Resend, by group, what is not final or not durable; a flush that was queued stays."""

@@ -1,0 +1,60 @@
+"""The coordinator's trainer stream settles a run: once every sample is trained, it asks for
+checkpoints until one holds them all, even when the first one asked for lands before the last step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from pathlib import Path
+
+from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.coordinator.journal import Journal
+from pipelinerl.coordinator.submitter import TrainerSubmitter
+from pipelinerl.trainer.client import Flush
+from pipelinerl.trainer.types import Disposition, SampleAck
+
+
+class LateStepTrainer:
+    """Buffers samples; on a flush with a checkpoint, checkpoints what is trained so far and only
+    then takes the step that was due (a checkpoint asked for while a step is under way)."""
+
+    def __init__(self) -> None:
+        self.checkpoints: list[int] = []
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        version, buffered = 0, []
+        async for item in batches:
+            if not isinstance(item, Flush):
+                buffered += item
+                yield [SampleAck(s.sample_id, Disposition.ACCEPTED, version) for s in item], self.durable
+                continue
+            if item.checkpoint and (not self.checkpoints or self.checkpoints[-1] != version):
+                self.checkpoints.append(version)
+            acks = []
+            if buffered:
+                version += 1
+                acks = [SampleAck(s.sample_id, Disposition.TRAINED, version) for s in buffered]
+                buffered = []
+            yield acks, self.durable
+
+    @property
+    def durable(self) -> int:
+        return self.checkpoints[-1] if self.checkpoints else -1
+
+
+async def test_settle_asks_again_until_a_checkpoint_holds_the_last_step(tmp_path: Path) -> None:
+    trainer = LateStepTrainer()
+    journal = Journal(tmp_path / "journal.sqlite")
+    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]  # the stream is all it uses
+    submitter.start()
+    try:
+        sample = Sample("s0", "g0", [1, 2], TokenSequence([3], [-0.5], [0]), 1.0)
+        submitter.send([sample])
+        await asyncio.wait_for(submitter.settle(), timeout=5)
+    finally:
+        await submitter.close()
+        journal.close()
+    assert trainer.checkpoints == [0, 1]  # the first came before the step, the second holds it
+    assert submitter.durable_version == 1
