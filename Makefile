@@ -71,12 +71,11 @@ lint-protos: $(BUF)
 $(PYRIGHT):
 	npm install --silent --no-audit --no-fund --prefix .tools pyright@$(PYRIGHT_VERSION)
 
-# pyright on services/ and benchmarks/ against .venv (pyrightconfig.json). Not yet part of `lint`:
-# the errors it still reports are being fixed.
+# pyright on services/ and benchmarks/ against .venv (pyrightconfig.json); part of `lint`.
 typecheck: venv $(PYRIGHT)
 	$(PYRIGHT)
 
-lint: venv lint-protos check-protos
+lint: venv lint-protos check-protos typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
