@@ -50,15 +50,16 @@ if wants tests; then
   step pytest 130 $PYTHON -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="-ra"
 fi
 if wants engine; then
-  step bench-engine 60 $PYTHON benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16 \
-    --requests 32 --max-new 256
+  step bench-engine 90 $PYTHON benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16 \
+    --requests 16 --batch 8 --max-new 128
 fi
 if wants weights; then
-  # Requests decode through every update: each needs a host pack first (~1 s at 0.5B in bf16).
-  step bench-weights-0.5b 65 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-0.5b \
+  # Requests decode through every update, then to --max-new: on one H200 the trainer side starts
+  # in 14 s (0.5B) or 29 s (1.5B) and packs each version on the host in 1.2 s or 5.5 s.
+  step bench-weights-0.5b 75 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-0.5b \
+    --dtype bfloat16 --updates 2 --max-new 900
+  step bench-weights-1.5b 90 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-1.5b \
     --dtype bfloat16 --updates 2 --max-new 1500
-  step bench-weights-1.5b 65 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-1.5b \
-    --dtype bfloat16 --updates 2 --max-new 2500
 fi
 if wants run; then
   RUN_DIR=$(mktemp -d)/run
