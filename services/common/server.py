@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,7 +148,11 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
                     _raise_if_malformed(request)
-                    async for response in behavior(request, context):
+                    responses = behavior(request, context)
+                    if inspect.isawaitable(responses):  # it writes with context.write (grpc's Watch)
+                        await responses
+                        return
+                    async for response in responses:
                         yield response
                 except PipelineError as exc:
                     log.info("stream failed", method=method, code=exc.code, error=exc.message)

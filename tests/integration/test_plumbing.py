@@ -14,7 +14,8 @@ from grpc_status import rpc_status
 
 from pipelinerl.common.channel import ChannelConfig, open_channel
 from pipelinerl.common.errors import InvalidArgument
-from pipelinerl.common.server import Registration
+from pipelinerl.common.server import GrpcServer, Registration
+from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.coordinator import server as coordinator_server
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
@@ -205,3 +206,21 @@ async def test_bytes_that_are_no_message_get_invalid_argument_and_end_the_call(
             else:
                 await multicallable(garbage, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+
+
+async def test_health_watch_streams_serving_then_not_serving() -> None:
+    """Watch (what a client follows instead of polling Check) answers SERVING, then NOT_SERVING
+    once the server can no longer work; grpc's handler writes with context.write, not yield."""
+    settings = ServiceSettings(host="127.0.0.1", port=0, drain_seconds=1)
+    server = GrpcServer(settings, [REGISTRATIONS["pipelinerl.reward.v1.RewardService"]()])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            request = health_pb2.HealthCheckRequest(service="")
+            watch = health_pb2_grpc.HealthStub(channel).Watch(request, timeout=10)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            await server.set_not_serving("the test says so")
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
+    finally:
+        await server.stop(grace=0)
