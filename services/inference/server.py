@@ -160,7 +160,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatusResponse:
-        return status_to_proto(self._backend.status())
+        response = status_to_proto(self._backend.status())
+        response.max_running = self._backend.limits.max_running
+        return response
 
 
 def registration(servicer: InferenceServicer) -> Registration:

@@ -20,6 +20,7 @@ from pipelinerl.coordinator import server as coordinator_server
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.inference import server as inference_server
+from pipelinerl.inference.v1 import inference_pb2, inference_pb2_grpc
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.client import RewardClient
 from pipelinerl.reward.types import ScoreItem
@@ -224,3 +225,11 @@ async def test_health_watch_streams_serving_then_not_serving() -> None:
             watch.cancel()
     finally:
         await server.stop(grace=0)
+
+
+async def test_inference_status_reports_the_servers_capacity(start_server) -> None:
+    address = await start_server(REGISTRATIONS["pipelinerl.inference.v1.InferenceService"]())
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        status = await stub.GetStatus(inference_pb2.GetStatusRequest(), timeout=5)
+    assert status.max_running == FakeBackend.limits.max_running == 4  # was always 0
