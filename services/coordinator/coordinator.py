@@ -93,22 +93,27 @@ class Coordinator:
 
     async def _start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
         run = self._runs.get(run_id)
-        if run is not None and run.state in (RunState.RUNNING, RunState.STOPPING):
-            return self._info(run)
+        if run is not None and run.state in (RunState.RUNNING, RunState.STOPPING, RunState.COMPLETED):
+            return self._info(run)  # nothing to start: the run is going, or done
         record = self._journal.get_run(run_id)
         if record is not None:
             spec = spec_from_json(record.spec)  # a resumed run keeps the spec it started with
+        completed = record is not None and record.state == RunState.COMPLETED.value
         start = record.next_prompt if record else 0
-        problems = open_problems(spec.dataset, spec.seed, start, self._tokenizer)
-        await self._check_servable(spec)
+        problems = iter(()) if completed else open_problems(spec.dataset, spec.seed, start, self._tokenizer)
+        if not completed:
+            await self._check_servable(spec)
         if record is None:
             record = self._journal.create_run(run_id, spec_to_json(spec))
-        else:
+        elif not completed:
             self._journal.set_run_state(run_id, RunState.RUNNING.value)
         loop = RunLoop(run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems)
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
-        run.task = asyncio.create_task(self._drive(run))
         self._runs[run_id] = run
+        if completed:  # journaled as done before a restart: report it, start nothing
+            run.state = RunState.COMPLETED
+            return self._info(run)
+        run.task = asyncio.create_task(self._drive(run))
         log.info("run started", run_id=run_id, dataset=spec.dataset, mode=spec.mode.value)
         return self._info(run)
 

@@ -18,6 +18,8 @@ from pipelinerl.common.channel import free_port
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
+from pipelinerl.coordinator.coordinator import spec_to_json
+from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.types import RunSpec, RunState
 from pipelinerl.launcher.processes import start_service
 from tests.integration.processes import server_process
@@ -121,3 +123,18 @@ async def test_pipelinerl_run_prints_a_refusal_as_one_line_naming_the_setting(
         "--group-size", "2", "--max-in-flight", "4", "--max-new-tokens", str(MAX_NEW_TOKENS + 1)
     )
     assert line.startswith("error: max_new_tokens: ")
+
+
+async def test_start_run_of_a_completed_run_returns_it_as_it_is(
+    coordinator: CoordinatorClient, tmp_path: Path
+) -> None:
+    """A run the journal holds as completed (before a coordinator restart) starts nothing: StartRun
+    answers COMPLETED at once, not RUNNING while it finds there is nothing left to do."""
+    journal = Journal(tmp_path / "journal.sqlite")  # the coordinator's own, shared through SQLite
+    journal.create_run("done", spec_to_json(VALID))
+    journal.set_run_state("done", RunState.COMPLETED.value)
+    journal.close()
+    run = await coordinator.start_run(VALID, run_id="done", timeout_s=30)
+    assert run.state is RunState.COMPLETED and run.progress.dispatched == 0
+    again = await coordinator.start_run(VALID, run_id="done", timeout_s=30)
+    assert again.state is RunState.COMPLETED

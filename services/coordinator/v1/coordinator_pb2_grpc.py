@@ -62,7 +62,9 @@ class CoordinatorServiceServicer:
     """
 
     def StartRun(self, request, context):
-        """Starts a run (or returns the existing run with the same id: StartRun is idempotent).
+        """Starts a run, or returns the run with the same id as it is when it is running or completed
+        (StartRun is idempotent). A stopped or failed run is resumed from the journal, with the spec
+        it started with.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,14 +79,15 @@ class CoordinatorServiceServicer:
 
     def StopRun(self, request, context):
         """Stops a run: no new prompts are dispatched; attempts in flight are journalled so a later
-        StartRun with the same id resumes them.
+        StartRun with the same id resumes them. NOT_FOUND for an unknown id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchRun(self, request, context):
-        """Streams the run's progress (about once per second) until the run ends or the call is cancelled.
+        """Streams the run's progress (about once per second) until the run ends or the call is
+        cancelled. NOT_FOUND for an unknown id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
