@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import ServiceSettings
+
+
+def default_journal_path() -> Path:
+    """`$XDG_STATE_HOME/pipelinerl/coordinator.sqlite` (`~/.local/state/...` when unset): state that
+    outlives the process, in the place the XDG base-directory convention keeps it."""
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "pipelinerl" / "coordinator.sqlite"
 
 
 class CoordinatorSettings(ServiceSettings):
@@ -27,7 +35,9 @@ class CoordinatorSettings(ServiceSettings):
     """Bearer token the other services expect, if they need one."""
     services_tls_ca_file: Path | None = None
     """PEM CA bundle to verify the other services with, if they speak TLS; unset, calls are plaintext."""
-    journal_path: Path = Path("coordinator.sqlite")
-    """SQLite journal of every attempt (WAL); a restarted coordinator resumes its runs from it."""
+    journal_path: Path = Field(default_factory=default_journal_path)
+    """SQLite journal of every attempt (WAL); a restarted coordinator resumes its runs from it.
+    Default `$XDG_STATE_HOME/pipelinerl/coordinator.sqlite` (`~/.local/state/pipelinerl/...`);
+    its folder is created if missing."""
     tokenizer: str | None = None
     """Local HF tokenizer directory whose chat template wraps the prompts of file datasets."""

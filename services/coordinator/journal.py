@@ -94,6 +94,7 @@ class RunRecord:
 
 class Journal:
     def __init__(self, path: Path | str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from pipelinerl.common.types import FinishReason, TokenSequence
+from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.types import RunSpec
@@ -82,3 +85,13 @@ def test_a_dispatched_attempt_is_generated_again_after_a_restart(tmp_path: Path)
     dispatched = next(a for a in unfinished.attempts if a.sample_id == "r-p0-a0")
     assert dispatched.state == "dispatched" and dispatched.completion is None
     assert reopened.counts("r") == {"dispatched": 1, "created": 2}
+
+
+def test_the_default_journal_lives_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    path = CoordinatorSettings().journal_path
+    assert path == tmp_path / "state" / "pipelinerl" / "coordinator.sqlite"
+    Journal(path).close()  # its folder is made on first use
+    assert path.exists()
