@@ -118,14 +118,14 @@ class _GenerateStream:
         try:
             async for update in self._backend.generate(request):
                 tokens.extend(update.tokens)
+                if request.stream_tokens and update.tokens:  # the final step's tokens too
+                    delta = pb.TokenDelta(request_id=rid, tokens=convert.tokens_to_proto(update.tokens))
+                    self._out.put_nowait(pb.GenerateResponse(delta=delta))
                 if update.finish_reason is not None:
                     done = Completion(
                         rid, request.prompt_token_ids, tokens, update.text, update.finish_reason
                     )
                     self._out.put_nowait(completion_to_proto(done))
-                elif request.stream_tokens and update.tokens:
-                    delta = pb.TokenDelta(request_id=rid, tokens=convert.tokens_to_proto(update.tokens))
-                    self._out.put_nowait(pb.GenerateResponse(delta=delta))
         except PipelineError as exc:
             self._out.put_nowait(
                 pb.GenerateResponse(error=pb.RequestError(request_id=rid, status=item_status(exc)))

@@ -42,6 +42,16 @@ async def test_many_requests_never_exceed_the_advertised_window(backend_address)
         assert c.finish_reason is FinishReason.LENGTH and c.prompt_token_ids == [i]
 
 
+async def test_streamed_deltas_carry_every_token_once(backend_address) -> None:
+    """The last step's token too: a client that renders deltas sees the whole completion."""
+    _, address = backend_address
+    streamed: list[int] = []
+    async with InferenceClient(address) as client, client.session() as session:
+        request = GenerationRequest("s", [7], SamplingParams(max_new_tokens=6))
+        completion = await session.generate(request, on_delta=lambda d: streamed.extend(d.token_ids))
+    assert streamed == completion.tokens.token_ids == [8, 9, 10, 11, 12, 13]
+
+
 async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -> None:
     _, address = backend_address
     async with InferenceClient(address) as client, client.session() as session:
