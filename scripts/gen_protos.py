@@ -2,7 +2,8 @@
 
 protoc writes `pipelinerl/<service>/v1/*_pb2*.py` under a scratch folder; the files are then moved
 to `services/<service>/v1/`, because the package `pipelinerl` is the folder `services/`. The
-vendored `google/rpc/status.proto` is not generated: googleapis-common-protos provides it.
+vendored `google/rpc/status.proto` and `error_details.proto` are not generated: googleapis-common-protos
+provides them.
 """
 
 from __future__ import annotations
