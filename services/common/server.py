@@ -227,6 +227,10 @@ class GrpcServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("serving", address=self.address, services=names, tls=self.settings.tls_cert_file is not None)
+        if self.settings.ready_file is not None:  # a reader sees the whole address or no file
+            partial = self.settings.ready_file.with_name(self.settings.ready_file.name + ".partial")
+            partial.write_text(self.address + "\n")
+            partial.replace(self.settings.ready_file)
         return self.port
 
     @property

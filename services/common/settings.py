@@ -85,7 +85,10 @@ class ServiceSettings(LayeredSettings):
     host: str = "127.0.0.1"
     """Address to bind. 127.0.0.1 by default; `0.0.0.0` or `[::]` to serve other machines."""
     port: int = Field(default=0, ge=0, le=65535)
-    """Port to bind; 0 picks a free one (logged at start-up)."""
+    """Port to bind; 0 picks a free one (logged at start-up, and written to `ready_file`)."""
+    ready_file: Path | None = None
+    """Once serving, write the bound `host:port` here (replaced atomically), so that a script
+    starting the service with port 0 learns where it listens without parsing logs."""
     auth_token: str | None = None
     """If set, every call except health checks must send `authorization: Bearer <token>`."""
     tls_cert_file: Path | None = None

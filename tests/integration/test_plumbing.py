@@ -4,6 +4,11 @@ INVALID_ARGUMENT, over real gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import grpc
 import pytest
 from google.protobuf import descriptor_pool
@@ -233,3 +238,24 @@ async def test_inference_status_reports_the_servers_capacity(start_server) -> No
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
         status = await stub.GetStatus(inference_pb2.GetStatusRequest(), timeout=5)
     assert status.max_running == FakeBackend.limits.max_running == 4  # was always 0
+
+
+def test_a_service_on_port_0_writes_its_address_to_the_ready_file(tmp_path: Path) -> None:
+    ready = tmp_path / "reward.address"
+    command = [sys.executable, "-m", "pipelinerl.reward", "--port", "0", "--ready-file", str(ready)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if ready.exists() or process.poll() is not None:
+                break
+            time.sleep(0.05)
+        address = ready.read_text().strip()
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        health = subprocess.run(
+            [Path(sys.executable).parent / "pipelinerl", "health", address], capture_output=True, timeout=60
+        )
+        assert health.returncode == 0, health.stderr.decode()[-2000:]
+    finally:
+        process.terminate()  # by handle
+        process.wait(timeout=30)
