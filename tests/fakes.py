@@ -71,9 +71,7 @@ class FakeBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
         if request.sampling.max_new_tokens > self.limits.max_new_tokens:
-            raise InvalidArgument.field(
-                "submit.sampling.max_new_tokens", f"over {self.limits.max_new_tokens}"
-            )
+            raise InvalidArgument.field("sampling.max_new_tokens", f"over {self.limits.max_new_tokens}")
         last = request.prompt_token_ids[-1]
         self.running += 1
         self.peak_running = max(self.peak_running, self.running)

@@ -41,6 +41,14 @@ class InvalidArgument(PipelineError):
         """The common case: one field is wrong."""
         return cls(f"{field}: {description}", [FieldViolation(field, description)])
 
+    def under(self, parent: str) -> InvalidArgument:
+        """The same error with each field path rooted at `parent` (the message that holds the part
+        that was checked), so that paths always start at the request message's root."""
+        violations = [FieldViolation(f"{parent}.{v.field}", v.description) for v in self.violations]
+        if len(violations) == 1:
+            return InvalidArgument.field(violations[0].field, violations[0].description)
+        return InvalidArgument(self.message, violations)
+
 
 class ResourceExhausted(PipelineError):
     """A queue, a capacity or a size limit is full; retry later or send less."""

@@ -127,6 +127,8 @@ class _GenerateStream:
                     )
                     self._out.put_nowait(completion_to_proto(done))
         except PipelineError as exc:
+            if isinstance(exc, InvalidArgument):  # the engine names fields of the Submission
+                exc = exc.under("submit")
             self._out.put_nowait(
                 pb.GenerateResponse(error=pb.RequestError(request_id=rid, status=item_status(exc)))
             )

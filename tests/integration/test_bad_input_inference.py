@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
+from google.rpc import error_details_pb2
 
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.v1 import common_pb2
@@ -342,3 +343,28 @@ async def test_thousands_of_abandoned_streams_leave_rss_bounded(inference: Harne
     await inference.still_serving()
     assert await running_and_queued(inference.channel) == (0, 0)
     assert elapsed_s < 90 and growth_mb < 50, (elapsed_s, growth_mb)
+
+
+FIELD_CASES = [
+    ("submit.request_id", submission("")),  # checked by the servicer
+    ("submit.sampling.temperature", submission(sampling=sampling(temperature=-1.0))),  # by the wire
+    ("submit.prompt_token_ids[1]", submission(prompt_token_ids=[5, VOCAB])),  # by the engine
+    ("submit.sampling.max_new_tokens", submission(sampling=sampling(max_new_tokens=MAX_NEW_TOKENS + 1))),
+]
+
+
+@pytest.mark.parametrize(("field", "request_"), FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
+async def test_a_bad_field_is_named_by_its_path_from_the_request_root(
+    inference: Harness, field: str, request_: pb.GenerateRequest
+) -> None:
+    """Whichever layer refuses it, a field is named from GenerateRequest down, with list indices."""
+    call = await open_generate(inference.channel)
+    try:
+        await call.write(request_)
+        code, response = await outcome(call, request_.submit.request_id)
+    finally:
+        call.cancel()
+    details = [error_details_pb2.BadRequest() for d in response.error.status.details]
+    for detail, packed in zip(details, response.error.status.details, strict=True):
+        packed.Unpack(detail)
+    assert code == INVALID and [v.field for d in details for v in d.field_violations] == [field]
