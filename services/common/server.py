@@ -24,7 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from pipelinerl.common.errors import InvalidArgument, PipelineError
 from pipelinerl.common.log import configure_logging, get_logger
@@ -119,6 +119,25 @@ _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHand
 def _raise_if_malformed(request: Any) -> None:
     if isinstance(request, _Malformed):
         raise request.error
+
+
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _enable_reflection(names: Sequence[str], server: grpc.aio.Server) -> None:
+    """Server reflection under both names clients use: `grpc.reflection.v1alpha` (grpcio-reflection
+    serves it) and `grpc.reflection.v1` (what current grpcurl and Postman ask first), one servicer
+    for both: the two packages' messages are the same on the wire."""
+    servicer = reflection.aio.ReflectionServicer([*names, reflection.SERVICE_NAME, REFLECTION_V1])
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
@@ -219,8 +238,7 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [s.name for s in self.services]
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-        reflected = [*names, health_name, reflection.SERVICE_NAME]
-        reflection.enable_server_reflection(reflected, server)
+        _enable_reflection([*names, health_name], server)
         self.port = self._bind(server)
         await server.start()
         for name in ("", *names):

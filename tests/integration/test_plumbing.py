@@ -61,6 +61,21 @@ async def test_health_and_reflection(start_server, service: str) -> None:
             assert "grpc.health.v1.Health" in names
 
 
+async def test_reflection_answers_under_v1_too(start_server) -> None:
+    """grpc.reflection.v1 (what current grpcurl asks first) as well as v1alpha."""
+    address = await start_server(REGISTRATIONS["pipelinerl.reward.v1.RewardService"]())
+    async with grpc.aio.insecure_channel(address) as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        responses = [r async for r in info(iter([request]), timeout=5)]
+    names = {s.name for s in responses[0].list_services_response.service}
+    assert {"pipelinerl.reward.v1.RewardService", "grpc.reflection.v1.ServerReflection"} <= names
+
+
 async def test_bearer_token_required_except_for_health(start_server) -> None:
     address = await start_server(REGISTRATIONS["pipelinerl.reward.v1.RewardService"](), auth_token="s3cret")
     async with grpc.aio.insecure_channel(address) as channel:
