@@ -157,11 +157,11 @@ class WeightPublisher:
             if any(w.cuda_device_uuid == self._device_uuid for w in self._watchers.values()):
                 packed.device_copy = await asyncio.to_thread(self._device_copy, buckets, device)
                 self._device_copies[version] = packed.device_copy
-        self._free_device_copies()
         self._versions[version] = packed
         while len(self._versions) > self.settings.keep_versions:
             self._versions.popitem(last=False)
         self._latest = packed
+        self._free_device_copies()  # after `_latest` moved on: the newest copy is never freed
         self.stats.published += 1
         self.stats.last_pack_s = time.perf_counter() - started
         self._wakeup.set()

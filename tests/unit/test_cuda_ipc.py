@@ -17,6 +17,7 @@ from pipelinerl.trainer.convert import (
     watch_request_to_proto,
 )
 from pipelinerl.weights import buckets as bucketing
+from pipelinerl.weights import publisher as publishing
 from pipelinerl.weights.cuda_ipc import sum64
 from pipelinerl.weights.receiver import WeightReceiver
 from pipelinerl.weights.types import (
@@ -104,3 +105,34 @@ async def test_a_receiver_that_cannot_open_the_handles_fetches_and_releases() ->
     assert (receiver.stats.cuda_ipc, receiver.stats.fetches) == (0, 1)
     assert "cuda_ipc" in receiver.stats.last_error and "no GPU" in receiver.stats.last_error
     assert source.released == [("inference-0", 1)]
+
+
+def test_the_trainer_frees_a_versions_device_buffers_once_released_or_overdue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bookkeeping only (no GPU here): held while a receiver has them open, freed on release, never
+    the newest version's, and given up on after the deadline."""
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    publisher = publishing.WeightPublisher(publishing.PublisherSettings(), run_id="run")
+
+    def hand_out(version: int, holders: set[str], deadline: float = float("inf")) -> None:
+        copy = publishing._DeviceCopy([torch.zeros(1)], ipc_export(), set(holders), deadline)
+        publisher._device_copies[version] = copy
+        buckets, layout = bucketing.pack(WEIGHTS, bucketing.plan_layout(WEIGHTS.items()))
+        packed = publishing._Packed(WeightVersion(version, "run"), layout, buckets, copy)
+        publisher._versions[version] = packed
+        publisher._latest = packed
+
+    hand_out(1, {"a", "b"})
+    hand_out(2, {"a"})
+    publisher._free_device_copies()
+    assert set(publisher._device_copies) == {1, 2}  # 1 is held by both receivers
+    publisher.release("a", WeightVersion(1, "run"))
+    publisher.release("b", WeightVersion(1, "run"))
+    assert set(publisher._device_copies) == {2} and publisher._versions[1].device_copy is None
+    hand_out(3, set(), deadline=0.0)  # the newest: kept although nobody holds it and it is overdue
+    publisher.release("a", WeightVersion(2, "run"))
+    assert set(publisher._device_copies) == {3}
+    publisher._device_copies[2] = publishing._DeviceCopy([], ipc_export(), {"gone"}, deadline=0.0)
+    publisher._free_device_copies()
+    assert set(publisher._device_copies) == {3}  # a receiver that never released is given up on
