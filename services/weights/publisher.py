@@ -66,7 +66,6 @@ class _Packed:
     version: WeightVersion
     layout: WeightLayout
     buckets: list[torch.Tensor]
-    device_copy: _DeviceCopy | None = None
 
 
 @dataclass
@@ -115,6 +114,7 @@ class WeightPublisher:
         self._device_uuid = ""
         """The trainer's GPU, once a version came from CUDA tensors and `cuda_ipc` is on."""
         self._device_copies: dict[int, _DeviceCopy] = {}
+        """Versions whose device buffers some receiver may still read, by version."""
 
     @property
     def store_port(self) -> int:
@@ -155,8 +155,7 @@ class WeightPublisher:
         if self.settings.cuda_ipc and device.type == "cuda":
             self._device_uuid = self._device_uuid or cuda_ipc.device_uuid(device)
             if any(w.cuda_device_uuid == self._device_uuid for w in self._watchers.values()):
-                packed.device_copy = await asyncio.to_thread(self._device_copy, buckets, device)
-                self._device_copies[version] = packed.device_copy
+                self._device_copies[version] = await asyncio.to_thread(self._device_copy, buckets, device)
         self._versions[version] = packed
         while len(self._versions) > self.settings.keep_versions:
             self._versions.popitem(last=False)
@@ -249,16 +248,18 @@ class WeightPublisher:
         self._free_device_copies()
 
     def _on_device(self, packed: _Packed, watcher: _Watcher) -> bool:
-        return packed.device_copy is not None and watcher.cuda_device_uuid == self._device_uuid
+        on_gpu = packed.version.version in self._device_copies
+        return on_gpu and watcher.cuda_device_uuid == self._device_uuid
 
     def _notice(
         self, packed: _Packed, watcher: _Watcher, rendezvous: Rendezvous | None = None
     ) -> WeightNotice:
         """The notice of `packed` for `watcher`: with the device buffers if it shares the GPU."""
-        if packed.device_copy is None or not self._on_device(packed, watcher):
+        if not self._on_device(packed, watcher):
             return WeightNotice(packed.version, packed.layout, rendezvous)
-        packed.device_copy.holders.add(watcher.receiver_id)
-        return WeightNotice(packed.version, packed.layout, cuda_ipc=packed.device_copy.export)
+        copy = self._device_copies[packed.version.version]
+        copy.holders.add(watcher.receiver_id)
+        return WeightNotice(packed.version, packed.layout, cuda_ipc=copy.export)
 
     def _device_copy(self, buckets: list[torch.Tensor], device: torch.device) -> _DeviceCopy:
         on_device = [b.to(device) for b in buckets]  # each its own allocation, as export needs
@@ -277,9 +278,6 @@ class WeightPublisher:
         ]  # fmt: skip
         for version in done:
             copy = self._device_copies.pop(version)
-            for packed in self._versions.values():
-                if packed.device_copy is copy:
-                    packed.device_copy = None
             if copy.holders:
                 log.warning(
                     "device buffers freed before release", version=version, holders=sorted(copy.holders)

@@ -107,22 +107,22 @@ class WeightReceiver:
         """Receive, verify and apply one version. False (old weights kept) if it could not be had."""
         started = time.perf_counter()
         layout = notice.layout
-        buckets = self._buckets_for(layout)
-        missing = list(range(len(buckets)))
-        if notice.broadcast is not None:
-            # Joining the broadcast is owed to the group even for a version we would skip.
-            missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
         held = (
             self.version is not None
             and notice.version.version <= self.version.version
             and self.version.run_id == notice.version.run_id
         )
-        if notice.cuda_ipc is not None:
+        if notice.cuda_ipc is not None:  # never with a rendezvous: the host buffers wait for a fetch
             applied = not held and await self._receive_on_device(notice)
             await self._release(notice.version)
             if applied:
                 self._updated(notice.version, "cuda_ipc", started)
                 return True
+        buckets = self._buckets_for(layout)
+        missing = list(range(len(buckets)))
+        if notice.broadcast is not None:
+            # Joining the broadcast is owed to the group even for a version we would skip.
+            missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
         if held:
             return True
         try:

@@ -119,7 +119,7 @@ def test_the_trainer_frees_a_versions_device_buffers_once_released_or_overdue(
         copy = publishing._DeviceCopy([torch.zeros(1)], ipc_export(), set(holders), deadline)
         publisher._device_copies[version] = copy
         buckets, layout = bucketing.pack(WEIGHTS, bucketing.plan_layout(WEIGHTS.items()))
-        packed = publishing._Packed(WeightVersion(version, "run"), layout, buckets, copy)
+        packed = publishing._Packed(WeightVersion(version, "run"), layout, buckets)
         publisher._versions[version] = packed
         publisher._latest = packed
 
@@ -129,7 +129,10 @@ def test_the_trainer_frees_a_versions_device_buffers_once_released_or_overdue(
     assert set(publisher._device_copies) == {1, 2}  # 1 is held by both receivers
     publisher.release("a", WeightVersion(1, "run"))
     publisher.release("b", WeightVersion(1, "run"))
-    assert set(publisher._device_copies) == {2} and publisher._versions[1].device_copy is None
+    assert set(publisher._device_copies) == {2}
+    on_the_gpu = publishing._Watcher("c", True, 1, ipc_export().device_uuid)
+    publisher._device_uuid = on_the_gpu.cuda_device_uuid
+    assert publisher._notice(publisher._versions[1], on_the_gpu).cuda_ipc is None  # freed: fetch it
     hand_out(3, set(), deadline=0.0)  # the newest: kept although nobody holds it and it is overdue
     publisher.release("a", WeightVersion(2, "run"))
     assert set(publisher._device_copies) == {3}
