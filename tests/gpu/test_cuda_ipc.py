@@ -11,18 +11,16 @@ import pytest
 import torch
 
 from pipelinerl.common.model import build_preset
-from pipelinerl.common.types import SamplingParams, TokenSequence
 from pipelinerl.inference.__main__ import build
 from pipelinerl.inference.client import InferenceClient
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.inference.types import GenerationRequest
 from tests.gpu import needs_cuda
-from tests.integration.processes import port_file_of, server_process
+from tests.integration.processes import server_process
+from tests.integration.test_inflight_update import GREEDY, PROMPT, generate_across_an_update, next_version
 
 pytestmark = needs_cuda
 
-PROMPT = [1, 10, 11, 12, 13]
-GREEDY = SamplingParams(max_new_tokens=160, temperature=0.0)
 STANDIN = "standin_trainer.py"
 
 
@@ -32,10 +30,6 @@ def greedy_reference(seed: int, n: int) -> list[int]:
         torch.tensor([PROMPT], device="cuda"), do_sample=False, max_new_tokens=n, eos_token_id=None
     )
     return out[0, len(PROMPT) :].tolist()
-
-
-def next_version(tmp_path: Path) -> None:
-    port_file_of(STANDIN, tmp_path).with_suffix(".port.next").touch()
 
 
 def ipc_updates(log: str) -> int:
@@ -55,24 +49,11 @@ async def test_a_cuda_ipc_update_lands_mid_generation(
         await server.start()
         try:
             async with InferenceClient(server.address) as client, client.session() as session:
-                streamed = TokenSequence()
-                first_tokens = asyncio.Event()
-
-                def on_delta(delta: TokenSequence) -> None:
-                    streamed.extend(delta)
-                    if len(streamed) >= 20:
-                        first_tokens.set()
-
                 others = [
                     asyncio.create_task(session.generate(GenerationRequest(f"other-{i}", PROMPT, GREEDY)))
                     for i in range(4)
                 ]
-                during = asyncio.create_task(
-                    session.generate(GenerationRequest("during", PROMPT, GREEDY), on_delta=on_delta)
-                )
-                await first_tokens.wait()
-                next_version(tmp_path)
-                during_done = await during
+                during_done = await generate_across_an_update(session, tmp_path)
                 finished = await asyncio.gather(*others)
                 after = await session.generate(GenerationRequest("after", PROMPT, GREEDY))
                 status = await client.status()

@@ -12,9 +12,9 @@ import torch
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import SamplingParams, TokenSequence
 from pipelinerl.inference.__main__ import build
-from pipelinerl.inference.client import InferenceClient
+from pipelinerl.inference.client import GenerateSession, InferenceClient
 from pipelinerl.inference.config import InferenceSettings
-from pipelinerl.inference.types import GenerationRequest
+from pipelinerl.inference.types import Completion, GenerationRequest
 from tests.integration.processes import port_file_of, server_process
 
 pytestmark = pytest.mark.slow
@@ -30,6 +30,28 @@ def greedy_reference(seed: int, prompt: list[int], max_new_tokens: int) -> list[
         next_id = model(ids).logits[0, -1].argmax()
         ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
     return ids[0, len(prompt) :].tolist()
+
+
+def next_version(tmp_path: Path) -> None:
+    """Have the stand-in trainer (tests/integration/standin_trainer.py) publish its next version."""
+    port_file_of("standin_trainer.py", tmp_path).with_suffix(".port.next").touch()
+
+
+async def generate_across_an_update(session: GenerateSession, tmp_path: Path) -> Completion:
+    """Generate `PROMPT` greedily, and have the next version published once 20 tokens streamed."""
+    streamed = TokenSequence()
+    first_tokens = asyncio.Event()
+
+    def on_delta(delta: TokenSequence) -> None:
+        streamed.extend(delta)
+        if len(streamed) >= 20:
+            first_tokens.set()
+
+    request = GenerationRequest("during", PROMPT, GREEDY)
+    generation = asyncio.create_task(session.generate(request, on_delta=on_delta))
+    await first_tokens.wait()
+    next_version(tmp_path)
+    return await generation
 
 
 async def test_update_lands_mid_generation(tmp_path: Path) -> None:
@@ -48,19 +70,7 @@ async def test_update_lands_mid_generation(tmp_path: Path) -> None:
         await server.start()
         try:
             async with InferenceClient(server.address) as client, client.session() as session:
-                streamed = TokenSequence()
-                first_tokens = asyncio.Event()
-
-                def on_delta(delta: TokenSequence) -> None:
-                    streamed.extend(delta)
-                    if len(streamed) >= 20:
-                        first_tokens.set()
-
-                request = GenerationRequest("during", PROMPT, GREEDY)
-                generation = asyncio.create_task(session.generate(request, on_delta=on_delta))
-                await first_tokens.wait()
-                port_file_of("standin_trainer.py", tmp_path).with_suffix(".port.next").touch()
-                during = await generation
+                during = await generate_across_an_update(session, tmp_path)
                 after = await session.generate(GenerationRequest("after", PROMPT, GREEDY))
                 status = await client.status()
         finally:
