@@ -45,7 +45,7 @@ from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenS
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.inference import server as inference_server
-from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits, ModelInfo
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierDetail, VerifierInfo
 from pipelinerl.trainer import server as trainer_server
@@ -62,6 +62,7 @@ class FixedEngine:
 
     def __init__(self, window: int, generation_s: float) -> None:
         self.limits = Limits(max_running=window, max_new_tokens=64, max_context=1024)
+        self.model_info = ModelInfo("fixed", 91, (2,), None, None, "fixed", "0" * 64)
         self.generation_s = generation_s
         self.received: dict[str, float] = {}
         """Request (attempt) id -> when its Generate request reached the engine."""
@@ -75,7 +76,7 @@ class FixedEngine:
         yield GenerationUpdate(request.request_id, COMPLETION, FinishReason.STOP, text="42")
 
     def status(self) -> InferenceStatus:
-        return InferenceStatus(WeightVersion(0, "load"), 0, 0, 0.0, 0, 0, "fixed", "fixed")
+        return InferenceStatus(WeightVersion(0, "load"), 0, 0, 0.0, 0, 0, "fixed", self.model_info)
 
 
 class InstantReward:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pipelinerl.common.errors import ErrorInfo, FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence, WeightVersion
 from pipelinerl.coordinator.types import Progress, RunInfo, RunSpec, RunState
-from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
+from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits, ModelInfo
 from pipelinerl.reward.types import (
     ScoreItem,
     ScoreResult,
@@ -59,6 +59,7 @@ class FakeBackend:
     """Counts up from the last prompt token, one token per `step_s`, version 0."""
 
     limits = Limits(max_running=4, max_new_tokens=32, max_context=128)
+    model_info = ModelInfo("counter", 100, (0,), None, None, "counter", "0" * 64)
 
     def __init__(self, step_s: float = 0.001) -> None:
         self.step_s = step_s
@@ -91,7 +92,7 @@ class FakeBackend:
             self.running -= 1
 
     def status(self) -> InferenceStatus:
-        return InferenceStatus(WeightVersion(0, "fake"), 0, 0, 0.0, 0, 0, "fake", "counter")
+        return InferenceStatus(WeightVersion(0, "fake"), 0, 0, 0.0, 0, 0, "fake", self.model_info)
 
 
 class FakeTrainer:

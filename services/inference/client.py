@@ -22,8 +22,8 @@ from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.status import domain_errors, error_from_status
 from pipelinerl.common.types import TokenSequence
-from pipelinerl.inference.convert import completion_from_proto, status_from_proto
-from pipelinerl.inference.types import Completion, GenerationRequest, InferenceStatus
+from pipelinerl.inference.convert import completion_from_proto, model_info_from_proto, status_from_proto
+from pipelinerl.inference.types import Completion, GenerationRequest, InferenceStatus, ModelInfo
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
 
@@ -47,6 +47,8 @@ class GenerateSession:
         self._closing = False
         self.max_new_tokens = 0
         self.max_context = 0
+        self.model_info: ModelInfo | None = None
+        """The served model, from the first Capacity message."""
 
     @property
     def window(self) -> int:
@@ -164,6 +166,7 @@ class GenerateSession:
         if event == "capacity":
             self.max_new_tokens = response.capacity.max_new_tokens
             self.max_context = response.capacity.max_context
+            self.model_info = model_info_from_proto(response.capacity.model_info)
             async with self._slots:
                 self._window = response.capacity.max_in_flight
                 self._slots.notify_all()

@@ -100,8 +100,9 @@ class InferenceEngine:
         self.settings = settings or EngineSettings()
         self.max_model_len = self.settings.max_model_len or model.config.max_position_embeddings
         check_attention_window(model, self.max_model_len)
-        self._vocab_size = _vocab_size(model)
-        self._eos_ids = eos_token_ids(model, tokenizer)
+        self.vocab_size = _vocab_size(model)
+        """Token ids in [0, vocab_size) are accepted in prompts."""
+        self.eos_token_ids = eos_token_ids(model.generation_config, tokenizer)
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
@@ -121,7 +122,7 @@ class InferenceEngine:
 
     def add_request(self, request: GenerationRequest) -> None:
         """Queue `request`; raises InvalidArgument for a bad request, ResourceExhausted when full."""
-        check_request(request, self.limits, self._vocab_size, self.tokenizer)
+        check_request(request, self.limits, self.vocab_size, self.tokenizer)
         sequence = SequenceState.start(
             request, self._stop_ids(request.sampling), self.tokenizer, self.model.device
         )
@@ -398,7 +399,8 @@ class InferenceEngine:
         return pad if isinstance(pad, int) else 0
 
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
-        return frozenset(params.stop_token_ids) | (frozenset() if self.settings.ignore_eos else self._eos_ids)
+        eos = frozenset() if self.settings.ignore_eos else self.eos_token_ids
+        return frozenset(params.stop_token_ids) | eos
 
 
 def _vocab_size(model: PreTrainedModel) -> int:

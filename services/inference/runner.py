@@ -24,6 +24,7 @@ from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
+from pipelinerl.inference.model_info import describe_model
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.receiver import WeightReceiver
@@ -37,7 +38,9 @@ class EngineRunner:
 
     def __init__(self, engine: InferenceEngine, model_name: str, run_id: str = "") -> None:
         self.engine = engine
-        self.model_name = model_name
+        self.model_info = describe_model(
+            model_name, engine.tokenizer, engine.vocab_size, engine.eos_token_ids
+        )
         self.run_id = run_id
         self.receiver: WeightReceiver | None = None
         """Set when the server follows a trainer; its counters are reported in `status()`."""
@@ -119,7 +122,7 @@ class EngineRunner:
             weight_updates=self.receiver.stats.updates if self.receiver else 0,
             failed_weight_updates=self.receiver.stats.failed_updates if self.receiver else 0,
             engine="builtin",
-            model=self.model_name,
+            model_info=self.model_info,
         )
 
     def _run(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.inference.sampling import make_generator
@@ -62,9 +62,9 @@ class SequenceState:
         return GenerationUpdate(self.request.request_id, tokens_from(self.tokens, start))
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """EOS ids from the generation config (may be a list) and the tokenizer."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+def eos_token_ids(generation: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """EOS ids from the model's generation config (may be a list) and the tokenizer."""
+    configured = getattr(generation, "eos_token_id", None)
     ids: set[int] = {configured} if isinstance(configured, int) else set(configured or ())
     if isinstance(tokenizer.eos_token_id, int):
         ids.add(tokenizer.eos_token_id)

@@ -42,7 +42,7 @@ class _GenerateStream:
     async def run(
         self, requests: AsyncIterator[pb.GenerateRequest]
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        yield capacity_to_proto(self._backend.limits, self._window())
+        yield capacity_to_proto(self._backend.limits, self._backend.model_info, self._window())
         reader = asyncio.create_task(self._read(requests))
         drain_watch = asyncio.create_task(self._on_drain())
         try:
@@ -74,7 +74,7 @@ class _GenerateStream:
 
     async def _on_drain(self) -> None:
         await self._draining.wait()
-        self._out.put_nowait(capacity_to_proto(self._backend.limits, 0))
+        self._out.put_nowait(capacity_to_proto(self._backend.limits, self._backend.model_info, 0))
         await self._wait_idle()
         self._out.put_nowait(None)
 
@@ -162,9 +162,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatusResponse:
-        response = status_to_proto(self._backend.status())
-        response.max_running = self._backend.limits.max_running
-        return response
+        return status_to_proto(self._backend.status(), self._backend.limits.max_running)
 
 
 def registration(servicer: InferenceServicer) -> Registration:

@@ -55,6 +55,20 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ModelInfo:
+    """The served model as a client sees it (`inference.v1.ModelInfo`)."""
+
+    model: str
+    vocab_size: int
+    """Token ids in [0, vocab_size) are accepted in prompts."""
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    bos_token_id: int | None
+    tokenizer: str
+    tokenizer_sha256: str
+
+
+@dataclass(frozen=True)
 class InferenceStatus:
     """What an inference server reports in `GetStatus`, whichever engine serves it."""
 
@@ -65,7 +79,7 @@ class InferenceStatus:
     weight_updates: int
     failed_weight_updates: int
     engine: str
-    model: str
+    model_info: ModelInfo
 
 
 class InferenceBackend(Protocol):
@@ -73,6 +87,9 @@ class InferenceBackend(Protocol):
 
     @property
     def limits(self) -> Limits: ...
+
+    @property
+    def model_info(self) -> ModelInfo: ...
 
     def tokenize(self, text: str) -> list[int]: ...
 

@@ -46,12 +46,15 @@ from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.model_info import describe_model
+from pipelinerl.inference.sequence import eos_token_ids
 from pipelinerl.inference.stop import completion_text
 from pipelinerl.inference.types import (
     GenerationRequest,
     GenerationUpdate,
     InferenceStatus,
     Limits,
+    ModelInfo,
     tokens_from,
 )
 from pipelinerl.inference.validation import check_request
@@ -80,7 +83,7 @@ class VllmBackend:
         llm: AsyncLLM,
         tokenizer: PreTrainedTokenizerBase,
         limits: Limits,
-        model_name: str,
+        model_info: ModelInfo,
         *,
         weight_version: int = 0,
         run_id: str = "",
@@ -88,7 +91,6 @@ class VllmBackend:
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
-        self.model_name = model_name
         self.run_id = run_id
         self.receiver: WeightReceiver | None = None
         """Set when the server follows a trainer; its counters are reported in `status()`."""
@@ -101,7 +103,7 @@ class VllmBackend:
         self._update_lock = asyncio.Lock()
         self._live: set[str] = set()
         self._recent: deque[tuple[float, int]] = deque()
-        self._vocab_size = len(tokenizer)
+        self.model_info = model_info
         self._failed_updates = 0
 
     @classmethod
@@ -109,7 +111,7 @@ class VllmBackend:
         """Start AsyncLLM on `settings.model` (a local HF directory, or a preset name, exported to a
         temporary directory first because vLLM loads only from disk). Must be awaited in the serving
         loop."""
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, GenerationConfig
         from vllm.engine.arg_utils import AsyncEngineArgs  # pyright: ignore[reportMissingImports]
         from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports]
 
@@ -138,9 +140,14 @@ class VllmBackend:
         llm = AsyncLLM.from_engine_args(args)
         context = llm.model_config.max_model_len
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+        except OSError:  # no generation_config.json: the tokenizer's EOS only
+            generation = None
+        info = describe_model(model, tokenizer, len(tokenizer), eos_token_ids(generation, tokenizer))
         limits = Limits(settings.max_running, min(settings.max_new_tokens, context), context)
         backend = cls(
-            llm, tokenizer, limits, model, weight_version=weight_version, ignore_eos=settings.ignore_eos
+            llm, tokenizer, limits, info, weight_version=weight_version, ignore_eos=settings.ignore_eos
         )
         await llm.update_weight_version(str(weight_version))
         return backend
@@ -217,7 +224,7 @@ class VllmBackend:
             if self.receiver
             else self._failed_updates,
             engine="vllm",
-            model=self.model_name,
+            model_info=self.model_info,
         )
 
     # ---- weight updates -----------------------------------------------------------------------
@@ -286,7 +293,7 @@ class VllmBackend:
         )
 
     def _check(self, request: GenerationRequest) -> None:
-        check_request(request, self._limits, self._vocab_size, self.tokenizer)
+        check_request(request, self._limits, self.model_info.vocab_size, self.tokenizer)
         if request.request_id in self._live:
             raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
 

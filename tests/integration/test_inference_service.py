@@ -4,6 +4,7 @@ numerically extreme sampling and a dead engine loop with the real one."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 
 import grpc
@@ -11,12 +12,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipelinerl.common.errors import InvalidArgument, PipelineError
+from pipelinerl.common.model import load_model
 from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.inference import server as inference_server
 from pipelinerl.inference.__main__ import build
 from pipelinerl.inference.client import InferenceClient
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.inference.engine import InferenceEngine
+from pipelinerl.inference.model_info import tokenizer_sha256
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
@@ -131,6 +134,33 @@ async def test_a_near_zero_temperature_fails_no_request_on_the_real_engine(real_
     assert all(math.isfinite(lp) for c in completions for lp in c.tokens.logprobs)
     assert completions[0].tokens.token_ids == later.tokens.token_ids  # near-zero temperature is greedy
     assert await health_of(real_engine_server.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_capacity_and_status_advertise_the_model_a_client_tokenizes_for(real_engine_server) -> None:
+    tokenizer = load_model("tiny").tokenizer
+    async with InferenceClient(real_engine_server.address) as client:
+        async with client.session() as session:
+            advertised = session.model_info
+        status = await client.status()
+    assert advertised == status.model_info
+    assert advertised is not None
+    assert advertised.model == advertised.tokenizer == "tiny"
+    assert advertised.vocab_size == len(tokenizer)
+    assert advertised.eos_token_ids == (tokenizer.eos_token_id,)
+    assert advertised.pad_token_id == tokenizer.pad_token_id
+    assert advertised.bos_token_id == tokenizer.bos_token_id
+    serialized = tokenizer.backend_tokenizer.to_str().encode()  # the digest the contract describes
+    assert (
+        advertised.tokenizer_sha256 == tokenizer_sha256(tokenizer) == hashlib.sha256(serialized).hexdigest()
+    )
+    # The advertised range is the one the server enforces: its last id is accepted, the next is not.
+    async with InferenceClient(real_engine_server.address) as client, client.session() as session:
+        last = GenerationRequest("last", [advertised.vocab_size - 1], SamplingParams(max_new_tokens=1))
+        assert len((await session.generate(last)).tokens) == 1
+        with pytest.raises(InvalidArgument):
+            await session.generate(
+                GenerationRequest("past", [advertised.vocab_size], SamplingParams(max_new_tokens=1))
+            )
 
 
 async def test_an_engine_whose_loop_died_reports_not_serving(

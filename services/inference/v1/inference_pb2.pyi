@@ -49,14 +49,34 @@ class GenerateResponse(_message.Message):
     def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ...) -> None: ...
 
 class Capacity(_message.Message):
-    __slots__ = ("max_in_flight", "max_new_tokens", "max_context")
+    __slots__ = ("max_in_flight", "max_new_tokens", "max_context", "model_info")
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_INFO_FIELD_NUMBER: _ClassVar[int]
     max_in_flight: int
     max_new_tokens: int
     max_context: int
-    def __init__(self, max_in_flight: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_context: _Optional[int] = ...) -> None: ...
+    model_info: ModelInfo
+    def __init__(self, max_in_flight: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_context: _Optional[int] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "pad_token_id", "bos_token_id", "tokenizer", "tokenizer_sha256")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PAD_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_SHA256_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    pad_token_id: int
+    bos_token_id: int
+    tokenizer: str
+    tokenizer_sha256: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pad_token_id: _Optional[int] = ..., bos_token_id: _Optional[int] = ..., tokenizer: _Optional[str] = ..., tokenizer_sha256: _Optional[str] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("request_id", "tokens")
@@ -93,7 +113,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("weight_version", "running", "queued", "tokens_per_s", "max_running", "weight_updates", "failed_weight_updates", "engine", "model")
+    __slots__ = ("weight_version", "running", "queued", "tokens_per_s", "max_running", "weight_updates", "failed_weight_updates", "engine", "model", "model_info")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +123,7 @@ class GetStatusResponse(_message.Message):
     FAILED_WEIGHT_UPDATES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_INFO_FIELD_NUMBER: _ClassVar[int]
     weight_version: _common_pb2.WeightVersion
     running: int
     queued: int
@@ -112,4 +133,5 @@ class GetStatusResponse(_message.Message):
     failed_weight_updates: int
     engine: str
     model: str
-    def __init__(self, weight_version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., max_running: _Optional[int] = ..., weight_updates: _Optional[int] = ..., failed_weight_updates: _Optional[int] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    model_info: ModelInfo
+    def __init__(self, weight_version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., max_running: _Optional[int] = ..., weight_updates: _Optional[int] = ..., failed_weight_updates: _Optional[int] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
