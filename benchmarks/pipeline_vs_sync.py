@@ -9,6 +9,11 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
                                           [--dataset builtin:copy:2] [--model tiny]
                                           [--max-new-tokens 3]
 
+Each invocation starts both runs fresh in a folder of its own (`--out`, by default a new
+timestamped folder under runs/pipeline_vs_sync/): a folder that already holds a run is refused,
+since the launcher would resume that run from its journal and measure nothing. A run that did not
+complete its budget from scratch is an error (exit 1), never a line of figures.
+
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
 final_reward_sync, mean_lag, ess; plus the target, sustained_time_to_reward_ratio (crossings of the
@@ -25,6 +30,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +42,30 @@ log = get_logger("benchmark")
 
 SUSTAIN_SAMPLES = 4096
 FINAL_SAMPLES = 8192
+
+
+class NoFigures(Exception):
+    """A run that cannot be measured: it resumed, failed, or trained nothing."""
+
+
+def fresh_folder(out: Path) -> Path:
+    """`out`, which must not hold anything yet: a run folder is resumed, not restarted."""
+    if out.exists() and any(out.iterdir()):
+        raise NoFigures(f"{out} holds an earlier run, which would resume from its journal; pass a new --out")
+    return out
+
+
+def check_run(result: RunResult, points: list[dict[str, float]], samples: int) -> None:
+    """A completed run of `samples` attempts, measured from its start: progress points from the
+    first trained samples on, and wall time for each of them."""
+    if result.state != "completed":
+        raise NoFigures(f"the {result.mode} run ended {result.state}, not completed")
+    if result.trained <= 0 or len(points) < 2 or points[0]["trained"] >= samples:
+        raise NoFigures(f"the {result.mode} run has no progress of its own ({len(points)} points)")
+    if result.elapsed_s < 1:
+        raise NoFigures(
+            f"the {result.mode} run took {result.elapsed_s:.1f} s: it did not train its budget itself"
+        )
 
 
 def trainer_means(run_dir: Path) -> dict[str, float]:
@@ -67,6 +97,7 @@ def run(mode: Literal["pipeline", "sync"], args: argparse.Namespace) -> tuple[Ru
     log.info("running", mode=mode, samples=args.samples)
     result = asyncio.run(launch(settings))
     log.info("done", mode=mode, seconds=round(result.elapsed_s, 1), reward=round(result.final_reward, 3))
+    check_run(result, progress_points(result), args.samples)
     return result, trainer_means(run_dir)
 
 
@@ -120,11 +151,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=RunSettings.model_fields["lr"].default)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
-    parser.add_argument("--out", default="runs/pipeline_vs_sync")
+    parser.add_argument("--out", default=None, help="a new folder (default: runs/pipeline_vs_sync/<time>)")
     args = parser.parse_args()
+    args.out = args.out or f"runs/pipeline_vs_sync/{time.strftime('%Y%m%d-%H%M%S')}"
     configure_logging("benchmark", "console", "info")
-    pipeline, pipeline_trainer = run("pipeline", args)
-    sync, sync_trainer = run("sync", args)
+    try:
+        fresh_folder(Path(args.out))
+        pipeline, pipeline_trainer = run("pipeline", args)
+        sync, sync_trainer = run("sync", args)
+    except NoFigures as exc:
+        print(f"error: {exc}; no figures", file=sys.stderr)
+        return 1
     t_pipeline, t_sync = time_to(pipeline, args.target), time_to(sync, args.target)
     figures = {
         "pipeline_samples_per_s": round(pipeline.samples_per_s, 1),
