@@ -140,7 +140,7 @@ class InstantTrainer:
 
     def status(self) -> TrainerStatus:
         return TrainerStatus(
-            WeightVersion(self.version, "load"), 0, len(self.acked), 0, 0, 0.0, 0, self.version
+            WeightVersion(self.version, "load"), 0, len(self.acked), 0, 0, 0.0, 0, self.version, 2**31 - 1
         )
 
 

@@ -54,7 +54,7 @@ class PublisherOnlyTrainer:
 
     def status(self) -> TrainerStatus:
         version = WeightVersion(self.version, self.run_id)
-        return TrainerStatus(version, 0, 0, 0, 0, 0.0, self.publisher.watchers, self.version)
+        return TrainerStatus(version, 0, 0, 0, 0, 0.0, self.publisher.watchers, self.version, 2**31 - 1)
 
 
 def _corrupted(notice: WeightNotice) -> WeightNotice:

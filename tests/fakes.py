@@ -95,12 +95,17 @@ class FakeBackend:
         return InferenceStatus(WeightVersion(0, "fake"), 0, 0, 0.0, 0, 0, "fake", self.model_info)
 
 
+NO_LAG_BOUND = 2**31 - 1
+"""The fake trainer's max_lag: the fake inference servers never take a new version."""
+
+
 class FakeTrainer:
     """Accepts samples, 'trains' each batch at once (one version per batch), serves a one-bucket layout.
     Without checkpoints, every version is durable at once."""
 
     def __init__(self) -> None:
         self.version = 0
+        self.max_lag = NO_LAG_BOUND
         self.trained: dict[str, int] = {}
         self.data = bytes(range(256)) * 64
         self._stepped = asyncio.Event()
@@ -158,9 +163,8 @@ class FakeTrainer:
             yield WeightChunk(version, 0, offset, data, Checksum(ChecksumAlgorithm.CRC32, crc32(data)))
 
     def status(self) -> TrainerStatus:
-        return TrainerStatus(
-            WeightVersion(self.version, "fake"), 0, len(self.trained), 0, 0, 0.0, 0, self.version
-        )
+        version = WeightVersion(self.version, "fake")
+        return TrainerStatus(version, 0, len(self.trained), 0, 0, 0.0, 0, self.version, self.max_lag)
 
 
 class FakeCoordinator:

@@ -12,8 +12,12 @@ from pipelinerl.coordinator.config import CoordinatorSettings
 async def build(settings: CoordinatorSettings) -> GrpcServer:
     """The coordinator with its journal and clients; runs start with StartRun. Async because gRPC
     channels belong to the event loop that creates them."""
+    from prometheus_client import CollectorRegistry
+
+    from pipelinerl.coordinator import metrics
     from pipelinerl.coordinator.coordinator import Coordinator
     from pipelinerl.coordinator.journal import Journal
+    from pipelinerl.coordinator.membership import Membership
     from pipelinerl.coordinator.pool import InferencePool
     from pipelinerl.coordinator.server import registration
     from pipelinerl.coordinator.submitter import TrainerSubmitter
@@ -26,24 +30,41 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         )
 
     journal = Journal(settings.journal_path)
-    pool = InferencePool([channel(a) for a in settings.inference_addresses])
     reward = RewardClient(channel(settings.reward_address))
     trainer = TrainerClient(channel(settings.trainer_address))
+    pool = InferencePool(channel, trainer=trainer)
+    membership = Membership(
+        pool,
+        static=settings.inference_addresses,
+        dns=settings.inference_dns,
+        refresh_s=settings.membership_refresh_s,
+        lease_s=settings.inference_lease_s,
+    )
     submitter = TrainerSubmitter(trainer, journal)
     coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer)
 
     await pool.start()
+    await membership.start()
     submitter.start()
+    registry = CollectorRegistry()
+    metrics.watch(registry, coordinator.runs, journal.counts, pool.snapshot)
 
     async def close() -> None:
         await coordinator.close()
         await submitter.close()
+        await membership.close()
         await pool.close()
         await reward.close()
         await trainer.close()
         journal.close()
 
-    return GrpcServer(settings, [registration(coordinator)], on_drain=[coordinator.close], on_close=[close])
+    return GrpcServer(
+        settings,
+        [registration(coordinator, membership)],
+        on_drain=[coordinator.close],
+        on_close=[close],
+        registry=registry,
+    )
 
 
 def main(argv: list[str]) -> None:

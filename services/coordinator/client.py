@@ -34,6 +34,15 @@ class CoordinatorClient(ServiceClient):
             response = await self._stub.StopRun(pb.StopRunRequest(run_id=run_id), timeout=timeout_s)
         return run_from_proto(response.run)
 
+    async def register_inference_server(
+        self, address: str, leaving: bool = False, timeout_s: float | None = None
+    ) -> float:
+        """Join the pool (or renew, or leave it); the lease granted, in seconds."""
+        request = pb.RegisterInferenceServerRequest(address=address, leaving=leaving)
+        with domain_errors():
+            response = await self._stub.RegisterInferenceServer(request, timeout=timeout_s)
+        return response.lease.ToTimedelta().total_seconds()
+
     async def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
         with domain_errors():
             async for response in self._stub.WatchRun(pb.WatchRunRequest(run_id=run_id)):

@@ -26,7 +26,15 @@ class CoordinatorSettings(ServiceSettings):
     port: int = Field(default=50050, ge=0, le=65535)
     """Port to bind; 0 picks a free one."""
     inference_addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
-    """`host:port` of every inference server; attempts go to the least loaded one with room."""
+    """`host:port` of inference servers that are always members of the pool; attempts go to the
+    least loaded member with room. May be empty when `inference_dns` or registrations supply them."""
+    inference_dns: list[str] = Field(default_factory=list)
+    """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
+    is a member (a Kubernetes headless Service gives one per ready pod)."""
+    membership_refresh_s: float = Field(default=5.0, gt=0)
+    """How often DNS names are resolved again and lapsed registrations dropped."""
+    inference_lease_s: float = Field(default=15.0, gt=0)
+    """How long a registration (RegisterInferenceServer) holds without a renewal."""
     reward_address: str = "127.0.0.1:50053"
     """`host:port` of the reward service."""
     trainer_address: str = "127.0.0.1:50052"

@@ -1,4 +1,4 @@
-"""The coordinator's view of N inference servers: one Generate stream each, least-loaded routing
+"""The coordinator's view of the inference servers: one Generate stream each, least-loaded routing
 within the capacity each advertises, and reconnection when a server goes away.
 
     generate(request) ─► wait for a server with a free slot ─► least loaded (in_flight / window)
@@ -7,7 +7,10 @@ within the capacity each advertises, and reconnection when a server goes away.
                                └─► retry on a server with room; the stream is reopened once it ended
 
 A server going away never fails an attempt: the attempt runs again elsewhere, or on the same
-server once it is back.
+server once it is back. Members change while runs go on (`add`, `remove`: see membership.py); a
+removed server takes nothing new and leaves once its requests are done. A server takes prompts only
+while it serves a version within the trainer's `max_lag` of the trainer's own (a joiner first
+fetches the current weights), so that its samples are not dropped for lag.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pipelinerl.common.channel import ChannelConfig
@@ -23,6 +27,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason
 from pipelinerl.inference.client import GenerateSession, InferenceClient
 from pipelinerl.inference.types import Completion, GenerationRequest
+from pipelinerl.trainer.client import TrainerClient
 
 log = get_logger(__name__)
 
@@ -50,47 +55,102 @@ class _Server:
     version: int = -1
     limits: ServerLimits | None = None
     """As last advertised; kept while the server is away."""
+    leaving: bool = False
+    """Removed from the pool: takes nothing new, leaves once idle."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def free(self) -> int:
-        return 0 if self.session is None else self.session.window - self.in_flight
 
 
 class InferencePool:
-    def __init__(self, configs: list[ChannelConfig]) -> None:
-        if not configs:
-            raise ValueError("at least one inference server is needed")
-        self._servers = [_Server(c.address, InferenceClient(c)) for c in configs]
+    def __init__(
+        self,
+        channel: Callable[[str], ChannelConfig],
+        addresses: Iterable[str] = (),
+        trainer: TrainerClient | None = None,
+    ) -> None:
+        """`channel(address)` configures the client of a member; `trainer`, when given, is asked
+        for its version and max_lag, which decide which members may take prompts."""
+        self._channel = channel
+        self._trainer = trainer
+        self._servers: dict[str, _Server] = {}
         self._changed = asyncio.Condition()
         self._status_task: asyncio.Task[None] | None = None
+        self._started = False
+        self.version_floor = 0
+        """Members serving an older version take no prompt (trainer version minus its max_lag)."""
+        self._floor_known = trainer is None
+        """With a trainer, no member takes a prompt before the trainer has told its version once."""
+        for address in addresses:
+            self.add(address)
 
     async def start(self) -> None:
-        for server in self._servers:
+        self._started = True
+        for server in self._servers.values():
             server.task = asyncio.create_task(self._keep_connected(server))
         self._status_task = asyncio.create_task(self._poll_status())
 
     async def close(self) -> None:
-        tasks = [t for t in (self._status_task, *(s.task for s in self._servers)) if t is not None]
+        tasks = [t for t in (self._status_task, *(s.task for s in self._servers.values())) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for server in self._servers:
-            if server.session is not None:
-                await server.session.__aexit__(None, None, None)
-            await server.client.close()
+        for server in list(self._servers.values()):
+            await self._release(server)
+
+    @property
+    def members(self) -> set[str]:
+        """Addresses of the servers in the pool (those leaving excluded)."""
+        return {a for a, s in self._servers.items() if not s.leaving}
+
+    def add(self, address: str) -> None:
+        """Make `address` a member; a server that is leaving stays, as the same member."""
+        server = self._servers.get(address)
+        if server is not None:
+            server.leaving = False
+            return
+        server = self._servers[address] = _Server(address, InferenceClient(self._channel(address)))
+        if self._started:
+            server.task = asyncio.create_task(self._keep_connected(server))
+        log.info("inference server joined the pool", server=address)
+
+    def remove(self, address: str) -> None:
+        """`address` takes no new request; it leaves the pool once its requests in flight are done
+        (a request it then fails runs again elsewhere)."""
+        server = self._servers.get(address)
+        if server is None or server.leaving:
+            return
+        server.leaving = True
+        log.info("inference server leaves the pool", server=address, in_flight=server.in_flight)
+        if server.session is not None:
+            asyncio.get_running_loop().create_task(server.session.close_when_idle())
+        elif server.task is not None:
+            server.task.cancel()
 
     def snapshot(self) -> list[tuple[str, int, int]]:
         """(address, weight version, requests in flight) of every server."""
-        return [(s.address, s.version, s.in_flight) for s in self._servers]
+        return [(s.address, s.version, s.in_flight) for s in self._servers.values()]
+
+    def _spare_fraction(self, server: _Server) -> float:
+        """Free share of `server`'s window; -1 when it may take nothing."""
+        free = self._free(server)
+        return free / max(server.session.window, 1) if server.session is not None and free > 0 else -1.0
+
+    def _free(self, server: _Server) -> int:
+        """Requests `server` may take now: none while it leaves, is away, or lags the trainer."""
+        if server.session is None or server.leaving or not self._floor_known:
+            return 0
+        if server.version < self.version_floor:
+            return 0
+        return server.session.window - server.in_flight
 
     async def limits(self, timeout_s: float) -> ServerLimits:
         """The limits of every server, waiting up to `timeout_s` for each to connect once (then
         those that did); Unavailable if none did."""
         deadline = time.monotonic() + timeout_s
-        while not all(s.limits for s in self._servers) and time.monotonic() < deadline:
+        while not (self._servers and all(s.limits for s in self._servers.values())):
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(0.05)
-        known = [s.limits for s in self._servers if s.limits is not None]
+        known = [s.limits for s in self._servers.values() if s.limits is not None]
         if not known:
             raise Unavailable(f"no inference server connected within {timeout_s:g}s")
         return ServerLimits(min(k.max_new_tokens for k in known), min(k.max_context for k in known))
@@ -128,25 +188,35 @@ class InferencePool:
 
     async def wait_for_version(self, version: int) -> None:
         """Until every connected server serves `version` or newer (the sync baseline's barrier)."""
-        while any(s.session is not None and s.version < version for s in self._servers):
+        while any(s.session is not None and s.version < version for s in self._servers.values()):
             await asyncio.sleep(0.05)
             await self._refresh_status()
 
     async def _reserve(self) -> tuple[_Server, GenerateSession]:
         async with self._changed:
             try:
-                await self._changed.wait_for(lambda: any(s.free > 0 for s in self._servers))
+                await self._changed.wait_for(lambda: any(self._free(s) > 0 for s in self._servers.values()))
             except asyncio.CancelledError:
                 self._changed.notify(1)  # pass on the wakeup this waiter may have been given
                 raise
-            server = max(self._servers, key=lambda s: s.free / max(s.session.window, 1) if s.session else -1)
+            server = max(self._servers.values(), key=self._spare_fraction)
             assert server.session is not None
             server.in_flight += 1
             return server, server.session
 
     async def _keep_connected(self, server: _Server) -> None:
-        """One Generate stream to `server` at a time: open it, wait until it ends, open another."""
-        while True:
+        """One Generate stream to `server` at a time: open it, wait until it ends, open another;
+        once the server leaves, release it."""
+        try:
+            await self._connect_while_member(server)
+        finally:
+            if server.leaving and self._servers.get(server.address) is server:
+                del self._servers[server.address]
+                await self._release(server)
+                log.info("inference server left the pool", server=server.address)
+
+    async def _connect_while_member(self, server: _Server) -> None:
+        while not server.leaving:
             session = server.client.session()
             try:
                 await session.__aenter__()
@@ -154,6 +224,8 @@ class InferencePool:
                 log.info("inference server not reachable yet", server=server.address, error=exc.message)
                 await asyncio.sleep(RECONNECT_S)
                 continue
+            with contextlib.suppress(PipelineError):  # its version decides whether it takes prompts
+                server.version = (await server.client.status(timeout_s=2.0)).weight_version.version
             async with self._changed:
                 server.session = session
                 server.limits = ServerLimits(session.max_new_tokens, session.max_context)
@@ -163,8 +235,16 @@ class InferencePool:
             async with self._changed:
                 server.session = None
             await session.__aexit__(None, None, None)
+            if server.leaving:
+                return
             log.warning("inference server stream ended; reconnecting", server=server.address, error=why)
             await asyncio.sleep(RECONNECT_S)
+
+    async def _release(self, server: _Server) -> None:
+        if server.session is not None:
+            await server.session.__aexit__(None, None, None)
+            server.session = None
+        await server.client.close()
 
     async def _poll_status(self) -> None:
         while True:
@@ -172,8 +252,17 @@ class InferencePool:
             await asyncio.sleep(STATUS_EVERY_S)
 
     async def _refresh_status(self) -> None:
-        for server in self._servers:
+        before = (self._floor_known, self.version_floor, [s.version for s in self._servers.values()])
+        if self._trainer is not None:
+            with contextlib.suppress(PipelineError):
+                trainer = await self._trainer.status(timeout_s=2.0)
+                self.version_floor = trainer.version.version - trainer.max_lag
+                self._floor_known = True
+        for server in list(self._servers.values()):
             if server.session is None:
                 continue
             with contextlib.suppress(PipelineError):
                 server.version = (await server.client.status(timeout_s=2.0)).weight_version.version
+        if before != (self._floor_known, self.version_floor, [s.version for s in self._servers.values()]):
+            async with self._changed:
+                self._changed.notify_all()  # a member may have come within the trainer's max_lag

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import grpc
 
+from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.server import Registration
 from pipelinerl.coordinator.convert import run_id_from_proto, run_to_proto, spec_from_proto
+from pipelinerl.coordinator.membership import Membership
 from pipelinerl.coordinator.types import CoordinatorCore
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.coordinator.v1 import coordinator_pb2_grpc
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
-    def __init__(self, core: CoordinatorCore) -> None:
+    def __init__(self, core: CoordinatorCore, membership: Membership | None = None) -> None:
+        """Without `membership`, RegisterInferenceServer is FAILED_PRECONDITION."""
         self._core = core
+        self._membership = membership
 
     async def StartRun(
         self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext
@@ -40,11 +45,21 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         async for run in self._core.watch_run(run_id_from_proto(request.run_id)):
             yield pb.WatchRunResponse(run=run_to_proto(run))
 
+    async def RegisterInferenceServer(
+        self, request: pb.RegisterInferenceServerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterInferenceServerResponse:
+        if self._membership is None:
+            raise FailedPrecondition("this coordinator takes no registrations")
+        lease_s = self._membership.register(request.address, request.leaving)
+        response = pb.RegisterInferenceServerResponse()
+        response.lease.FromTimedelta(timedelta(seconds=lease_s))
+        return response
 
-def registration(core: CoordinatorCore) -> Registration:
+
+def registration(core: CoordinatorCore, membership: Membership | None = None) -> Registration:
     return Registration(
         pb.DESCRIPTOR.services_by_name["CoordinatorService"].full_name,
         lambda server: coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorServicer(core), server
+            CoordinatorServicer(core, membership), server
         ),
     )

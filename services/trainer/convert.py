@@ -130,6 +130,7 @@ def status_to_proto(s: TrainerStatus) -> pb.GetStatusResponse:
         tokens_per_s=s.tokens_per_s,
         watchers=s.watchers,
         durable_version=s.durable_version,
+        max_lag=s.max_lag,
     )
 
 
@@ -143,4 +144,5 @@ def status_from_proto(msg: pb.GetStatusResponse) -> TrainerStatus:
         tokens_per_s=msg.tokens_per_s,
         watchers=msg.watchers,
         durable_version=msg.durable_version,
+        max_lag=msg.max_lag,
     )

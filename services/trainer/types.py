@@ -56,6 +56,8 @@ class TrainerStatus:
     tokens_per_s: float
     watchers: int
     durable_version: int
+    max_lag: int
+    """The lag policy's bound (`TrainerSettings.max_lag`)."""
 
 
 class TrainerCore(Protocol):

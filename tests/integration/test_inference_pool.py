@@ -32,7 +32,7 @@ async def test_requests_outlive_drains_and_restarts_of_their_server(tmp_path: Pa
         async with server_process("fake_inference_server.py", folder, "64", "128", str(port)) as (proc, _):
             yield proc
 
-    pool = InferencePool([ChannelConfig(f"127.0.0.1:{port}")])
+    pool = InferencePool(ChannelConfig, [f"127.0.0.1:{port}"])
     await pool.start()
     sampling = SamplingParams(max_new_tokens=TOKENS)
     tasks: list[asyncio.Task[tuple[str, Completion]]] = []

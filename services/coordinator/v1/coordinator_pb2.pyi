@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from pipelinerl.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
@@ -154,3 +155,17 @@ class WatchRunResponse(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     run: Run
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class RegisterInferenceServerRequest(_message.Message):
+    __slots__ = ("address", "leaving")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    leaving: bool
+    def __init__(self, address: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class RegisterInferenceServerResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: _duration_pb2.Duration
+    def __init__(self, lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...

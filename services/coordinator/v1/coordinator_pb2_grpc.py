@@ -55,6 +55,11 @@ class CoordinatorServiceStub:
                 request_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
+        self.RegisterInferenceServer = channel.unary_unary(
+                '/pipelinerl.coordinator.v1.CoordinatorService/RegisterInferenceServer',
+                request_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.SerializeToString,
+                response_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -93,6 +98,17 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterInferenceServer(self, request, context):
+        """Adds an inference server to the pool every run draws from, or renews its lease: a server
+        started with the coordinator's address calls it at once and then about every third of the
+        returned lease. The coordinator drops a server whose lease lapses, and at once one that calls
+        with `leaving` (its requests in flight still finish). The same address twice is one member.
+        INVALID_ARGUMENT for an address that is not `host:port`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +131,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunRequest.FromString,
                     response_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunResponse.SerializeToString,
+            ),
+            'RegisterInferenceServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterInferenceServer,
+                    request_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.FromString,
+                    response_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +247,33 @@ class CoordinatorService:
             '/pipelinerl.coordinator.v1.CoordinatorService/WatchRun',
             pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunRequest.SerializeToString,
             pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.WatchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterInferenceServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pipelinerl.coordinator.v1.CoordinatorService/RegisterInferenceServer',
+            pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.SerializeToString,
+            pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -159,7 +159,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("version", "buffered_samples", "trained_samples", "dropped_samples", "rejected_samples", "tokens_per_s", "watchers", "durable_version")
+    __slots__ = ("version", "buffered_samples", "trained_samples", "dropped_samples", "rejected_samples", "tokens_per_s", "watchers", "durable_version", "max_lag")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUFFERED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAINED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class GetStatusResponse(_message.Message):
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     WATCHERS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_FIELD_NUMBER: _ClassVar[int]
     version: _common_pb2.WeightVersion
     buffered_samples: int
     trained_samples: int
@@ -176,4 +177,5 @@ class GetStatusResponse(_message.Message):
     tokens_per_s: float
     watchers: int
     durable_version: int
-    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buffered_samples: _Optional[int] = ..., trained_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., rejected_samples: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., watchers: _Optional[int] = ..., durable_version: _Optional[int] = ...) -> None: ...
+    max_lag: int
+    def __init__(self, version: _Optional[_Union[_common_pb2.WeightVersion, _Mapping]] = ..., buffered_samples: _Optional[int] = ..., trained_samples: _Optional[int] = ..., dropped_samples: _Optional[int] = ..., rejected_samples: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., watchers: _Optional[int] = ..., durable_version: _Optional[int] = ..., max_lag: _Optional[int] = ...) -> None: ...
