@@ -175,6 +175,7 @@ class Trainer:
             rejected_samples=self._counts["rejected"],
             tokens_per_s=self._tokens_per_s,
             watchers=self.publisher.watchers,
+            max_lag=self.settings.max_lag,
         )
 
     def lag(self, token_version: int, version: int) -> int:
