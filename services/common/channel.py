@@ -1,5 +1,5 @@
 """Client channels to PipelineRL services: deadlines, retries of UNAVAILABLE with backoff, bearer
-token and TLS, the same message-size limit as the servers.
+token and TLS, the same message-size limit as the servers, and the caller's trace ids (trace.py).
 
 Retries use gRPC's own retry policy (service config), so they apply to every method, including the
 start of streams, and respect the call's deadline. Unary calls without an explicit `timeout=` get
@@ -18,6 +18,7 @@ from typing import Any, Self
 import grpc
 from grpc.aio import ClientCallDetails
 
+from pipelinerl.common import trace
 from pipelinerl.common.server import channel_options
 from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -63,7 +64,7 @@ def _service_config(config: ChannelConfig) -> str:
 
 
 class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds the bearer token and, for unary calls without one, the default deadline."""
+    """Adds the bearer token, the trace ids and, for unary calls without one, the default deadline."""
 
     def __init__(self, config: ChannelConfig) -> None:
         self._config = config
@@ -78,24 +79,25 @@ class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         details = _replace(
             client_call_details,
             timeout=self._config.default_timeout_s if timeout is None else timeout,
-            metadata=_with_token(client_call_details.metadata, self._config.auth_token),
+            metadata=_with_metadata(client_call_details.metadata, self._config.auth_token),
         )
         return await continuation(details, request)
 
 
-class _TokenDetails:
-    """Adds the bearer token to a call's metadata."""
+class _StreamDetails:
+    """Adds the bearer token, if any, and the trace ids to a stream's metadata."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str | None) -> None:
         self._token = token
 
     def _details(self, details: ClientCallDetails) -> ClientCallDetails:
-        return _replace(details, timeout=details.timeout, metadata=_with_token(details.metadata, self._token))
+        metadata = _with_metadata(details.metadata, self._token)
+        return _replace(details, timeout=details.timeout, metadata=metadata)
 
 
 # One class per call type: grpc.aio files an interceptor under the first call type it is an
 # instance of (an if/elif chain), so one class for several types would see only one of them.
-class _UnaryStreamToken(_TokenDetails, grpc.aio.UnaryStreamClientInterceptor):
+class _UnaryStreamDetails(_StreamDetails, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(
         self,
         continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.UnaryStreamCall]],
@@ -105,7 +107,7 @@ class _UnaryStreamToken(_TokenDetails, grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(self._details(client_call_details), request)
 
 
-class _StreamUnaryToken(_TokenDetails, grpc.aio.StreamUnaryClientInterceptor):
+class _StreamUnaryDetails(_StreamDetails, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(
         self,
         continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.StreamUnaryCall]],
@@ -115,7 +117,7 @@ class _StreamUnaryToken(_TokenDetails, grpc.aio.StreamUnaryClientInterceptor):
         return await continuation(self._details(client_call_details), request_iterator)
 
 
-class _StreamStreamToken(_TokenDetails, grpc.aio.StreamStreamClientInterceptor):
+class _StreamStreamDetails(_StreamDetails, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(
         self,
         continuation: Callable[[ClientCallDetails, Any], Awaitable[grpc.aio.StreamStreamCall]],
@@ -139,11 +141,15 @@ def _replace(
     )
 
 
-def _with_token(metadata: Any, token: str | None) -> grpc.aio.Metadata | None:
-    if token is None:
+def _with_metadata(metadata: Any, token: str | None) -> grpc.aio.Metadata | None:
+    added = trace.outgoing()
+    if token is not None:
+        added.append(("authorization", f"Bearer {token}"))
+    if not added:
         return metadata
     merged = grpc.aio.Metadata(*(tuple(metadata) if metadata else ()))
-    merged.add("authorization", f"Bearer {token}")
+    for key, value in added:
+        merged.add(key, value)
     return merged
 
 
@@ -161,10 +167,13 @@ def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
         ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
         ("grpc.service_config", _service_config(config)),
     ]
-    interceptors: list[grpc.aio.ClientInterceptor] = [_DefaultsInterceptor(config)]
-    if config.auth_token is not None:
-        token = config.auth_token
-        interceptors += [_UnaryStreamToken(token), _StreamUnaryToken(token), _StreamStreamToken(token)]
+    token = config.auth_token
+    interceptors: list[grpc.aio.ClientInterceptor] = [
+        _DefaultsInterceptor(config),
+        _UnaryStreamDetails(token),
+        _StreamUnaryDetails(token),
+        _StreamStreamDetails(token),
+    ]
     if config.tls_ca_file is None:
         return grpc.aio.insecure_channel(config.address, options=options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(

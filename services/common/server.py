@@ -2,8 +2,10 @@
 domain-error mapping and a graceful SIGTERM.
 
     settings ──► GrpcServer(settings, [Registration(...)]) ──► start() ── binds host:port
-                     │ interceptors: bearer token (health exempt) → domain error → gRPC status
+                     │ interceptors: call metrics → trace ids → bearer token (health exempt)
+                     │               → domain error → gRPC status
                      │ grpc.health.v1 (SERVING per service) + reflection
+                     │ /metrics on metrics_port, if set (the server's `registry`)
     SIGTERM ──► drain(): health NOT_SERVING → on_drain hooks → server.stop(grace=drain_seconds)
 
 A servicer raises `pipelinerl.common.errors.*`; the interceptor aborts the call with the mapped code
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,11 +26,16 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from pipelinerl.common.errors import InvalidArgument, PipelineError
+from pipelinerl.common.grpc_metrics import GrpcMetricsInterceptor
+from pipelinerl.common.handlers import Continuation, stream_responses, wrap_behavior
 from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.common.metrics import MetricsEndpoint
 from pipelinerl.common.settings import ServiceSettings, split_config_flag
 from pipelinerl.common.status import rpc_status
+from pipelinerl.common.trace import TraceContextInterceptor
 
 log = get_logger(__name__)
 
@@ -58,34 +64,6 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
-def _wrap_behavior(
-    handler: grpc.RpcMethodHandler,
-    wrap_unary: Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]],
-    wrap_stream: Callable[[Callable[..., Any]], Callable[..., Any]],
-    request_deserializer: Callable[[bytes], Any] | None = None,
-) -> grpc.RpcMethodHandler:
-    """Rebuild `handler` with its behaviour wrapped, keeping its arity, its response serializer and,
-    unless another is given, its request deserializer."""
-    serde = {
-        "request_deserializer": request_deserializer or handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    # grpc sets exactly the behaviour that matches the handler's arity; the others are None. Its
-    # types describe the sync server's behaviours (a stream is an Iterator), while the aio server's
-    # are coroutines and async generators: hence `wrap_stream`'s loose `Callable[..., Any]`.
-    if handler.request_streaming and handler.response_streaming:
-        assert handler.stream_stream is not None
-        return grpc.stream_stream_rpc_method_handler(wrap_stream(handler.stream_stream), **serde)
-    if handler.request_streaming:
-        assert handler.stream_unary is not None
-        return grpc.stream_unary_rpc_method_handler(wrap_unary(handler.stream_unary), **serde)
-    if handler.response_streaming:
-        assert handler.unary_stream is not None
-        return grpc.unary_stream_rpc_method_handler(wrap_stream(handler.unary_stream), **serde)
-    assert handler.unary_unary is not None
-    return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), **serde)
-
-
 @dataclass(frozen=True)
 class _Malformed:
     """A unary request whose bytes did not parse; the call wrapper raises `error`."""
@@ -110,10 +88,6 @@ def _checked_deserializer(handler: grpc.RpcMethodHandler) -> Callable[[bytes], A
             return _Malformed(error)  # gRPC parses a unary request before the servicer runs
 
     return deserialize
-
-
-# what a server interceptor calls to get the next handler: None for a method no service has
-_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 
 def _raise_if_malformed(request: Any) -> None:
@@ -145,7 +119,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     its status code with google.rpc details."""
 
     async def intercept_service(
-        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
@@ -167,11 +141,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 try:
                     _raise_if_malformed(request)
-                    responses = behavior(request, context)
-                    if inspect.isawaitable(responses):  # it writes with context.write (grpc's Watch)
-                        await responses
-                        return
-                    async for response in responses:
+                    async for response in stream_responses(behavior, request, context):
                         yield response
                 except PipelineError as exc:
                     log.info("stream failed", method=method, code=exc.code, error=exc.message)
@@ -179,7 +149,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
             return stream
 
-        return _wrap_behavior(handler, wrap_unary, wrap_stream, _checked_deserializer(handler))
+        return wrap_behavior(handler, wrap_unary, wrap_stream, _checked_deserializer(handler))
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
@@ -189,7 +159,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
 
     async def intercept_service(
-        self, continuation: _Continuation, handler_call_details: grpc.HandlerCallDetails
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(HEALTH_PREFIX):
@@ -206,7 +176,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
             yield  # pragma: no cover - makes this an async generator like the real handler
 
-        return _wrap_behavior(handler, lambda _: deny, lambda _: deny_stream)
+        return wrap_behavior(handler, lambda _: deny, lambda _: deny_stream)
 
 
 @dataclass
@@ -220,13 +190,20 @@ class GrpcServer:
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """Called after the server stopped, e.g. to release engines and process pools."""
 
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    """Where the service's own metrics are registered; served with the gRPC metrics on `metrics_port`."""
+
     port: int = 0
     _server: grpc.aio.Server | None = None
+    _metrics: MetricsEndpoint | None = None
     _health: HealthServicer = field(default_factory=HealthServicer)
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        interceptors: list[grpc.aio.ServerInterceptor] = []
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            GrpcMetricsInterceptor(self.registry),
+            TraceContextInterceptor(),
+        ]
         if self.settings.auth_token:
             interceptors.append(BearerTokenInterceptor(self.settings.auth_token))
         interceptors.append(ErrorMappingInterceptor())
@@ -244,6 +221,8 @@ class GrpcServer:
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
+        if self.settings.metrics_port is not None:
+            self._metrics = MetricsEndpoint(self.registry, self.settings.host, self.settings.metrics_port)
         log.info("serving", address=self.address, services=names, tls=self.settings.tls_cert_file is not None)
         if self.settings.ready_file is not None:  # a reader sees the whole address or no file
             partial = self.settings.ready_file.with_name(self.settings.ready_file.name + ".partial")
@@ -254,6 +233,11 @@ class GrpcServer:
     @property
     def address(self) -> str:
         return join_host_port(self.settings.host, self.port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port `/metrics` is served on once started, if `metrics_port` is set."""
+        return None if self._metrics is None else self._metrics.port
 
     def _bind(self, server: grpc.aio.Server) -> int:
         address = join_host_port(self.settings.host, self.settings.port)
@@ -291,6 +275,8 @@ class GrpcServer:
         await server.stop(grace)
         for hook in self.on_close:
             await hook()
+        if self._metrics is not None:
+            self._metrics.stop()
         log.info("stopped")
 
     async def serve_until_signal(self) -> None:

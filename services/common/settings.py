@@ -101,6 +101,9 @@ class ServiceSettings(LayeredSettings):
     """Largest gRPC message sent or received, in bytes."""
     drain_seconds: float = Field(default=10.0, ge=0)
     """On SIGTERM, how long calls in flight may run before they are cancelled."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics at `http://<host>:<metrics_port>/metrics` (plain HTTP, same `host`
+    as gRPC); 0 picks a free port (logged). Unset: no metrics endpoint."""
     log_format: LogFormat = "console"
     """`console` for people, `json` for log collectors."""
     log_level: str = "info"

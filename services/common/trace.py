@@ -1,0 +1,50 @@
+"""The ids that let one attempt be followed across services: its run, group and sample (the
+attempt's id; a sample is named after the attempt that made it).
+
+    coordinator: bind_context(run=…, group_id=…, sample_id=…) ── every log line of the task carries them
+        └─ a call made in that task sends them as metadata `pipelinerl-run`, `pipelinerl-group-id`, …
+              └─ the server binds them for that call: its log lines carry them too
+
+Messages that carry an id (a sample's `sample_id` and `group_id`, a request's `request_id`) are
+logged with it; the metadata brings the ids a message lacks (the run and group of a Score call).
+"""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+
+from pipelinerl.common.handlers import Continuation
+
+FIELDS = ("run", "group_id", "sample_id")
+"""The log fields that name an attempt, outermost first."""
+
+
+def _key(field: str) -> str:
+    return "pipelinerl-" + field.replace("_", "-")
+
+
+_KEYS = {_key(field): field for field in FIELDS}
+
+
+def outgoing() -> list[tuple[str, str]]:
+    """Metadata for a call made now: the ids bound to the current task's log context."""
+    bound = structlog.contextvars.get_contextvars()
+    return [(_key(field), str(bound[field])) for field in FIELDS if field in bound]
+
+
+class TraceContextInterceptor(grpc.aio.ServerInterceptor):
+    """Binds the ids a caller sent to the log context of its call (each call runs in a task of
+    its own, so they stay with it)."""
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        sent = {
+            _KEYS[key]: value
+            for key, value in handler_call_details.invocation_metadata or ()
+            if key in _KEYS and isinstance(value, str)
+        }
+        if sent:
+            structlog.contextvars.bind_contextvars(**sent)
+        return await continuation(handler_call_details)
