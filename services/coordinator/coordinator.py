@@ -135,6 +135,10 @@ class Coordinator:
     def get_run(self, run_id: str) -> RunInfo:
         return self._info(self._run(run_id))
 
+    def runs(self) -> list[RunInfo]:
+        """Every run this coordinator has started or resumed since it began."""
+        return [self._info(run) for run in self._runs.values()]
+
     async def stop_run(self, run_id: str) -> RunInfo:
         run = self._run(run_id)
         if run.state in _FINAL:

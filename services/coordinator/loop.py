@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipelinerl.common.errors import FailedPrecondition, PipelineError
-from pipelinerl.common.log import get_logger
+from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import FinishReason, Sample
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.pool import InferencePool
@@ -240,6 +240,7 @@ class RunLoop:
     # ---- one group ----------------------------------------------------------------------------
 
     async def _run_group(self, group: GroupRecord) -> None:
+        bind_context(group_id=group.group_id)  # this task's log lines and calls carry it (trace.py)
         try:
             pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
             await asyncio.gather(*(self._generate(group, a) for a in pending))
@@ -254,7 +255,9 @@ class RunLoop:
             await self._release(len(group.attempts))
 
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
+        bind_context(sample_id=attempt.sample_id)
         self._journal.mark_dispatched(attempt.sample_id)
+        log.info("attempt dispatched")
         request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
         try:
             server, completion = await self._pool.generate(request)
@@ -271,6 +274,9 @@ class RunLoop:
                 self.stopping = True
             return
         self._failures_in_a_row = 0
+        versions = sorted(set(completion.tokens.versions))
+        log.info("attempt generated", server=server, tokens=len(completion.tokens), versions=versions,
+                 finish_reason=completion.finish_reason.value)  # fmt: skip
         self._journal.mark_generated(
             attempt.sample_id, completion.prompt_token_ids, completion.tokens, completion.text,
             completion.finish_reason, server,
@@ -303,6 +309,7 @@ class RunLoop:
                 attempt.state = "acked"
                 continue
             correct = any(d.verifier == group.verifier and d.score >= 1.0 for d in result.details)
+            log.info("attempt scored", sample_id=attempt.sample_id, reward=result.reward, correct=correct)
             attempt.state, attempt.reward, attempt.correct = "scored", result.reward, correct
             scored.append((attempt.sample_id, result.reward, correct))
             self._rewards.append(result.reward)
@@ -323,6 +330,8 @@ class RunLoop:
             self._groups_at_trainer -= 1
         for sample in samples:
             ack = acks[sample.sample_id]  # the submitter has journaled it
+            log.info("attempt acked", sample_id=sample.sample_id, disposition=ack.disposition.value,
+                     version=ack.version)  # fmt: skip
             if ack.disposition in (Disposition.TRAINED, Disposition.DUPLICATE):
                 self._counts.trained += 1
             if ack.disposition is Disposition.TRAINED:

@@ -112,6 +112,11 @@ class EngineRunner:
         if self._failure is not None:
             raise Unavailable(f"the engine failed: {self._failure}")
 
+    @property
+    def last_stall_s(self) -> float:
+        """How long the last weight swap held up the running sequences."""
+        return self.engine.stats().last_swap_s
+
     def status(self) -> InferenceStatus:
         stats = self.engine.stats()
         return InferenceStatus(

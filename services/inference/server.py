@@ -12,14 +12,16 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument, PipelineError, ResourceExhausted, Unavailable
-from pipelinerl.common.log import get_logger
+from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.server import Registration
 from pipelinerl.common.status import item_status
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.inference.convert import capacity_to_proto, completion_to_proto, status_to_proto
+from pipelinerl.inference.metrics import InferenceMetrics
 from pipelinerl.inference.types import Completion, GenerationRequest, InferenceBackend
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
@@ -32,9 +34,10 @@ MAX_REQUEST_ID_BYTES = 128
 class _GenerateStream:
     """State of one Generate call: requests in flight on it and the responses to send."""
 
-    def __init__(self, backend: InferenceBackend, draining: asyncio.Event) -> None:
+    def __init__(self, backend: InferenceBackend, draining: asyncio.Event, metrics: InferenceMetrics) -> None:
         self._backend = backend
         self._draining = draining
+        self._metrics = metrics
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._out: asyncio.Queue[pb.GenerateResponse | Exception | None] = asyncio.Queue()
         """Responses to send; None ends the stream, an exception ends it with that error."""
@@ -115,6 +118,7 @@ class _GenerateStream:
     async def _generate(self, request: GenerationRequest) -> None:
         tokens = TokenSequence()
         rid = request.request_id
+        bind_context(sample_id=rid)  # a coordinator's request id is the attempt's id
         try:
             async for update in self._backend.generate(request):
                 tokens.extend(update.tokens)
@@ -126,6 +130,9 @@ class _GenerateStream:
                         rid, request.prompt_token_ids, tokens, update.text, update.finish_reason
                     )
                     self._out.put_nowait(completion_to_proto(done))
+                    self._metrics.finished(update.finish_reason, len(tokens))
+                    log.info("generated", tokens=len(tokens), versions=sorted(set(tokens.versions)),
+                             finish_reason=update.finish_reason.value)  # fmt: skip
         except PipelineError as exc:
             if isinstance(exc, InvalidArgument):  # the engine names fields of the Submission
                 exc = exc.under("submit")
@@ -143,8 +150,9 @@ class _GenerateStream:
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
-    def __init__(self, backend: InferenceBackend) -> None:
+    def __init__(self, backend: InferenceBackend, metrics: InferenceMetrics | None = None) -> None:
         self._backend = backend
+        self._metrics = metrics or InferenceMetrics(CollectorRegistry())
         self._draining = asyncio.Event()
 
     async def drain(self) -> None:
@@ -154,7 +162,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Generate(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        stream = _GenerateStream(self._backend, self._draining)
+        stream = _GenerateStream(self._backend, self._draining, self._metrics)
         async with contextlib.aclosing(stream.run(request_iterator)) as responses:
             async for response in responses:
                 yield response

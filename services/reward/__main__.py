@@ -11,15 +11,21 @@ from pipelinerl.reward.config import RewardSettings
 
 async def build(settings: RewardSettings) -> GrpcServer:
     """The reward server with its scorer; the scorer closes after the server has drained."""
+    from prometheus_client import CollectorRegistry
+
+    from pipelinerl.reward.metrics import RewardMetrics
     from pipelinerl.reward.scoring import Scorer
     from pipelinerl.reward.server import registration
 
-    scorer = Scorer(settings.reward, workers=settings.workers, timeout_s=settings.timeout_s)
+    registry = CollectorRegistry()
+    metrics = RewardMetrics(registry)
+    scorer = Scorer(settings.reward, workers=settings.workers, timeout_s=settings.timeout_s, metrics=metrics)
+    metrics.watch(lambda: scorer.stats)
 
     async def close() -> None:
         await asyncio.to_thread(scorer.close)
 
-    return GrpcServer(settings, [registration(scorer)], on_close=[close])
+    return GrpcServer(settings, [registration(scorer)], on_close=[close], registry=registry)
 
 
 def main(argv: list[str]) -> None:

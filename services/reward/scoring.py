@@ -25,14 +25,17 @@ import logging
 import multiprocessing
 import queue
 import signal
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from pipelinerl.common.errors import DeadlineExceeded, InvalidArgument, PipelineError, Unavailable
+from pipelinerl.reward.metrics import RewardMetrics
 from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierInfo, check_batch
 from pipelinerl.reward.verifiers import (
     BadAnswer,
@@ -58,7 +61,13 @@ class Scorer:
     """
 
     def __init__(
-        self, spec: RewardSpec, *, workers: int = 2, timeout_s: float = 10.0, start_timeout_s: float = 120.0
+        self,
+        spec: RewardSpec,
+        *,
+        workers: int = 2,
+        timeout_s: float = 10.0,
+        start_timeout_s: float = 120.0,
+        metrics: RewardMetrics | None = None,
     ) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers} and {timeout_s}")
@@ -66,6 +75,7 @@ class Scorer:
         self._timeout_s = timeout_s
         self._verifiers = available_verifiers(spec)
         self._outcomes: Counter[str] = Counter()
+        self._metrics = metrics or RewardMetrics(CollectorRegistry())
         self._closed = False
         context = multiprocessing.get_context("forkserver")
         # Takes effect only if this process has not started its forkserver yet; otherwise each
@@ -101,7 +111,10 @@ class Scorer:
         }
         scored = dict(zip(pending, await asyncio.gather(*pending.values()), strict=True))
         results = [scored[index] if result is None else result for index, result in enumerate(checked)]
-        self._outcomes.update(_outcome(result) for result in results)
+        for result in results:
+            outcome = _outcome(result)
+            self._outcomes[outcome] += 1
+            log.info("item scored", sample_id=result.sample_id, status=outcome, reward=result.reward)
         return results
 
     def list_verifiers(self) -> list[VerifierInfo]:
@@ -133,9 +146,11 @@ class Scorer:
 
     def _score_in_worker(self, index: int, item: ScoreItem) -> ScoreResult:
         slot = self._idle.get()
+        started = time.perf_counter()
         try:
             return slot.score(index, item, self._timeout_s)
         finally:
+            self._metrics.item_scored(time.perf_counter() - started)
             self._idle.put(slot)
 
     def _stop_workers(self) -> None:

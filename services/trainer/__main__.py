@@ -19,6 +19,9 @@ from pipelinerl.trainer.config import TrainerSettings
 if TYPE_CHECKING:
     from pipelinerl.trainer.learner import Learner
 
+RUN_CONFIG = {"model", "seed", "dtype", "samples_per_step", "max_lag", "lag_policy", "learner", "zero"}
+"""The settings a tracked run records as its config (none that is a secret or a local path)."""
+
 
 def build_learner(settings: TrainerSettings) -> Learner:
     """The model (a preset or a local HF directory) and the learner of `settings.backend`."""
@@ -60,7 +63,11 @@ def _init_world(device: str) -> None:
 
 async def build(settings: TrainerSettings) -> GrpcServer:
     """Load the model, resume from the latest checkpoint, publish the current version, serve."""
+    from prometheus_client import CollectorRegistry
+
+    from pipelinerl.trainer.metrics import TrainerMetrics
     from pipelinerl.trainer.server import registration
+    from pipelinerl.trainer.tracking import StepLogs
     from pipelinerl.trainer.trainer import Trainer
     from pipelinerl.weights.publisher import WeightPublisher
 
@@ -68,14 +75,29 @@ async def build(settings: TrainerSettings) -> GrpcServer:
     learner = build_learner(settings)
     publisher = WeightPublisher(settings, settings.run_id, store_host=settings.host)
     await publisher.start()
+    registry = CollectorRegistry()
+    metrics = TrainerMetrics(registry)
+    run_config = settings.model_dump(mode="json", include=RUN_CONFIG)
+    step_logs = StepLogs.open(settings.tracking, settings.run_id, run_config)
     # Should training stop for good, health says so, so that probes restart the trainer.
-    trainer = Trainer(learner, publisher, settings, on_halt=lambda reason: server.set_not_serving(reason))
+    trainer = Trainer(
+        learner,
+        publisher,
+        settings,
+        on_halt=lambda reason: server.set_not_serving(reason),
+        metrics=metrics,
+        step_logs=step_logs,
+    )
+    metrics.watch(trainer.status, settings.max_buffered_samples)
 
     async def close_learner() -> None:
         learner.close()
 
     server = GrpcServer(
-        settings, [registration(trainer)], on_close=[trainer.close, publisher.close, close_learner]
+        settings,
+        [registration(trainer)],
+        on_close=[trainer.close, publisher.close, close_learner],
+        registry=registry,
     )
     await trainer.start()
     return server

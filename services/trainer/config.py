@@ -145,6 +145,24 @@ class ZeroConfig(BaseModel):
     """Extra DeepSpeed config keys, merged over the generated config (e.g. offload settings)."""
 
 
+class TrackingConfig(BaseModel):
+    """Where the trainer logs each step's metrics besides `metrics_file`: TensorBoard and W&B."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: Path = Path(".")
+    """Folder of the tracking output: event files in `<dir>/tensorboard`, the W&B run in
+    `<dir>/wandb`. `pipelinerl run` sets it to the run directory."""
+    tensorboard: bool = False
+    """Write every step's metrics as TensorBoard scalars (needs the `tensorboard` extra)."""
+    wandb: Literal["off", "online", "offline"] = "off"
+    """Log every step's metrics to Weights & Biases (needs the `wandb` extra): `online` streams
+    them to the W&B server (`wandb login` or WANDB_API_KEY first), `offline` keeps the run on disk
+    for `wandb sync <dir>/wandb/offline-run-*` later."""
+    wandb_project: str = "pipelinerl"
+    """W&B project of the run; the run is named after the trainer's `run_id`."""
+
+
 class TrainerSettings(ServiceSettings, PublisherSettings):
     """The trainer: admits scored samples, takes optimizer steps, publishes every version. Each
     component takes its part: the training loop (`Trainer`) these settings, the publisher those of
@@ -189,6 +207,8 @@ class TrainerSettings(ServiceSettings, PublisherSettings):
     """Save a checkpoint every this many versions."""
     metrics_file: Path | None = None
     """Append one JSON line of metrics per optimizer step here."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """TensorBoard and W&B logging of every step (off by default)."""
 
     @model_validator(mode="after")
     def _wait_needs_lag(self) -> TrainerSettings:

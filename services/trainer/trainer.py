@@ -9,7 +9,8 @@
                    ──► learner.step (thread) ──► version + 1
                          raised? ──► each half of the groups as a step of its own: a group that fails
                                      alone is REJECTED; MAX_FAILED_GROUPS in a row ──► NOT_SERVING
-                   ──► publisher.publish ──► TRAINED acks ──► metrics line ──► checkpoint every N
+                   ──► publisher.publish ──► TRAINED acks ──► metrics line, Prometheus, TensorBoard/W&B
+                   ──► checkpoint every N
 
 Samples arrive by group and are trained by whole groups, since advantages are relative to the
 group. A sample dropped for lag or rejected still counts toward its group being complete, so a
@@ -26,12 +27,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from pipelinerl.common.errors import ErrorInfo, InvalidArgument, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import Sample, WeightVersion
 from pipelinerl.trainer.checkpoint import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy, TrainerSettings
 from pipelinerl.trainer.learner import Learner, StepMetrics
+from pipelinerl.trainer.metrics import TrainerMetrics
+from pipelinerl.trainer.tracking import StepLogs
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
 from pipelinerl.trainer.validation import check_sample
 from pipelinerl.weights.publisher import WeightPublisher
@@ -63,13 +68,18 @@ class Trainer:
         publisher: WeightPublisher,
         settings: TrainerSettings,
         on_halt: Callable[[str], Awaitable[None]] | None = None,
+        metrics: TrainerMetrics | None = None,
+        step_logs: StepLogs | None = None,
     ) -> None:
         """`settings` give the step size, lag policy, buffer, checkpoints and metrics file (the
         learner and publisher have taken theirs). `on_halt(reason)` is awaited if training stops
-        for good (e.g. to report NOT_SERVING)."""
+        for good (e.g. to report NOT_SERVING). `metrics` count acks and steps for Prometheus;
+        `step_logs` receive every step's metrics line (TensorBoard, W&B)."""
         self.learner = learner
         self.publisher = publisher
         self.settings = settings
+        self.metrics = metrics or TrainerMetrics(CollectorRegistry())
+        self._step_logs = step_logs or StepLogs()
         self.version = 0
         self.trained_ids: dict[str, int] = {}
         """Every sample id trained on (checkpointed with the weights) -> the version its step produced."""
@@ -123,6 +133,7 @@ class Trainer:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._checkpointed != self.version:
             await self._checkpoint()
+        self._step_logs.close()
         async with self._changed:
             self._changed.notify_all()  # wakes `wait_durable`
 
@@ -133,7 +144,7 @@ class Trainer:
             # Backpressure: stop reading the stream while the buffer is full.
             await self._changed.wait_for(lambda: self._buffered < self.settings.max_buffered_samples)
             for index, sample in enumerate(samples):
-                self._admit_one(index, sample, on_ack)
+                self._admit_one(index, sample, self._observed(on_ack, sample))
             self._changed.notify_all()
 
     async def flush(self, checkpoint: bool) -> None:
@@ -182,6 +193,17 @@ class Trainer:
         return lineage_lag(token_version, version, self._lost)
 
     # ---- admission ----------------------------------------------------------------------------
+
+    def _observed(self, on_ack: AckSink, sample: Sample | Malformed) -> AckSink:
+        """`on_ack`, with every ack of `sample` (now and later) counted and logged with its ids."""
+
+        def observed(ack: SampleAck) -> None:
+            self.metrics.acked(ack.disposition)
+            log.info("sample acked", sample_id=ack.sample_id, group_id=sample.group_id,
+                     disposition=ack.disposition.value, version=ack.version)  # fmt: skip
+            on_ack(ack)
+
+        return observed
 
     def _admit_one(self, index: int, sample: Sample | Malformed, on_ack: AckSink) -> None:
         if sample.sample_id in self.trained_ids:
@@ -360,6 +382,8 @@ class Trainer:
         line["lag_histogram"] = {str(k): v for k, v in metrics.lag_histogram.items()}
         log.info("step", version=self.version, reward=round(metrics.reward_mean, 4), samples=metrics.samples,
                  loss=round(metrics.loss, 5), seconds=round(step_s, 3))  # fmt: skip
+        self.metrics.stepped(metrics, wait_s, publish_s, step_s)
+        self._step_logs.log(self.version, line)
         if self.settings.metrics_file is not None:
             with self.settings.metrics_file.open("a") as f:
                 f.write(json.dumps(line) + "\n")

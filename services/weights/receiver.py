@@ -59,6 +59,10 @@ class ReceiverStats:
     broadcasts: int = 0
     fetches: int = 0
     cuda_ipc: int = 0
+    fetch_fallbacks: int = 0
+    """Versions fetched because their broadcast or CUDA IPC hand-off failed or was corrupt."""
+    verification_failures: int = 0
+    """Buckets or chunks received with a wrong checksum (then fetched again)."""
     last_receive_s: float = 0.0
     last_error: str = ""
 
@@ -74,9 +78,11 @@ class WeightReceiver:
         cuda_device: torch.device | None = None,
         fetch_attempts: int = 3,
         reconnect_s: float = 1.0,
+        on_update: Callable[[float], None] | None = None,
     ) -> None:
         """`cuda_device`: the GPU the engine runs on, if it accepts versions by CUDA IPC from a
-        trainer on the same GPU."""
+        trainer on the same GPU. `on_update(seconds)` is called after each version is applied, with
+        the time from its notice to the engine's swap."""
         self._source = source
         self._receiver_id = receiver_id
         self._apply = apply
@@ -84,6 +90,7 @@ class WeightReceiver:
         self._cuda_uuid = cuda_ipc.device_uuid(cuda_device) if cuda_device is not None else ""
         self._fetch_attempts = fetch_attempts
         self._reconnect_s = reconnect_s
+        self._on_update = on_update
         self._group: BroadcastGroup | None = None
         self._buckets: list[torch.Tensor] = []
         self.version: WeightVersion | None = None
@@ -125,6 +132,8 @@ class WeightReceiver:
             missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
         if held:
             return True
+        if missing and (notice.broadcast is not None or notice.cuda_ipc is not None):
+            self.stats.fetch_fallbacks += 1
         try:
             if missing:
                 await self._fetch(notice.version, layout, buckets, missing)
@@ -145,6 +154,8 @@ class WeightReceiver:
         self.stats.last_receive_s = time.perf_counter() - started
         seconds = round(self.stats.last_receive_s, 3)
         log.info("weights updated", version=version.version, via=via, seconds=seconds)
+        if self._on_update is not None:
+            self._on_update(self.stats.last_receive_s)
 
     async def _receive_on_device(self, notice: WeightNotice) -> bool:
         """Apply the version straight from the trainer's device buffers; False (fetch instead) if
@@ -204,6 +215,7 @@ class WeightReceiver:
                 bucketing.verify(layout, index, bucket)
             except FailedPrecondition as exc:
                 log.warning("broadcast bucket corrupt; fetching it", bucket=index, error=exc.message)
+                self.stats.verification_failures += 1
                 bad.append(index)
         return bad
 
@@ -229,6 +241,8 @@ class WeightReceiver:
                 return
             except PipelineError as exc:
                 last_error = exc
+                if isinstance(exc, FailedPrecondition):  # a chunk or bucket failed its check
+                    self.stats.verification_failures += 1
                 log.warning("fetch failed", version=version.version, attempt=attempt + 1, error=exc.message)
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
         assert last_error is not None
