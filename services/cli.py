@@ -3,6 +3,7 @@
     pipelinerl run [--config FILE] [--<setting> VALUE ...]
     pipelinerl serve <service> [--config FILE] [--<setting> VALUE ...]
     pipelinerl health HOST:PORT
+    pipelinerl trace RUN_DIR ATTEMPT_ID
 
 Each service's settings are its flags (`pipelinerl serve reward --help` lists them, with their
 documentation); environment variables `PIPELINERL_<SERVICE>_<SETTING>` and a YAML/TOML file given
@@ -65,6 +66,25 @@ def health(
     serving = asyncio.run(wait_until_serving(address, service, wait, auth_token, ca))
     typer.echo(f"{address} {service or '(server)'}: {'SERVING' if serving else 'NOT SERVING'}")
     raise typer.Exit(0 if serving else 1)
+
+
+@app.command()
+def trace(
+    run_dir: str = typer.Argument(..., help="Directory of a run (`pipelinerl run`'s run_dir)"),
+    attempt_id: str = typer.Argument(..., help="Id of an attempt (its sample id, e.g. run-p3-a1)"),
+) -> None:
+    """Follow one attempt through the services: its journal record, then every log line that names
+    it (dispatched, generated, scored, trained or dropped), in time order; exit 1 if none does."""
+    from pathlib import Path
+
+    from pipelinerl.launcher.trace import trace as trace_attempt
+
+    lines = trace_attempt(Path(run_dir), attempt_id)
+    for line in lines:
+        typer.echo(line)
+    if not lines:
+        typer.echo(f"no attempt {attempt_id!r} in the journal or logs of {run_dir}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command(

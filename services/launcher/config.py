@@ -74,6 +74,9 @@ class RunSettings(LayeredSettings):
     handed over by CUDA IPC (one device-to-device copy)."""
     vllm_python: Path = Path(".venv-vllm/bin/python")
     """Interpreter of the vLLM virtualenv (vLLM pins its own torch, so it lives apart)."""
+    metrics: bool = True
+    """Every service serves Prometheus metrics on a free port of 127.0.0.1; the addresses go to
+    `<run_dir>/prometheus_targets.json`, a file_sd list a local Prometheus can scrape."""
     pin_cores: bool = True
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
     auth_token: str | None = None

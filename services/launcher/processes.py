@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,8 @@ class ServiceProcess:
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    metrics_port: int | None = None
+    """Where the service serves `/metrics`, if it does."""
 
     @property
     def address(self) -> str:
@@ -85,8 +88,11 @@ def start_service(
     `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
     The CPU seconds of torchrun's ranks count once they have exited."""
     port = int(settings.get("port") or free_port())
+    config = {**settings, "port": port, "host": "127.0.0.1"}
+    if config.get("metrics_port") == 0:  # chosen here, as `port` is, so that the launcher knows it
+        config["metrics_port"] = free_port()
     config_path = run_dir / f"{name}.yaml"
-    config_path.write_text(yaml.safe_dump({**settings, "port": port, "host": "127.0.0.1"}, sort_keys=False))
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log_path = run_dir / f"{name}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     threads = settings.get("threads")
@@ -101,7 +107,7 @@ def start_service(
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
     log.info("started", service=name, pid=process.pid, port=port, cores=sorted(cores) if cores else "any")
-    return ServiceProcess(name, port, process, log_path)
+    return ServiceProcess(name, port, process, log_path, config.get("metrics_port"))
 
 
 async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
@@ -112,6 +118,20 @@ async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
         code = await asyncio.to_thread(service.stop)
         log.info("stopped", service=service.name, exit_code=code)
     return cpu
+
+
+def write_targets(path: Path, processes: list[ServiceProcess]) -> None:
+    """The services' `/metrics` addresses as a Prometheus file_sd list (`job`: the service's role,
+    `instance`: its name), for a local Prometheus to scrape during the run."""
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{p.metrics_port}"],
+            "labels": {"job": p.name.split("-")[0], "instance": p.name},
+        }
+        for p in processes
+        if p.metrics_port is not None
+    ]
+    path.write_text(json.dumps(targets, indent=2) + "\n")
 
 
 def _launcher(python: str, ranks: int) -> list[str]:

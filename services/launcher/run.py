@@ -33,7 +33,7 @@ from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
 from pipelinerl.launcher.checks import check_run
 from pipelinerl.launcher.config import RunSettings, overrides
-from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
+from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all, write_targets
 from pipelinerl.launcher.report import MetricsLog, Point, plot
 
 log = get_logger(__name__)
@@ -88,7 +88,7 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "run_id": settings.run_id, "model": settings.model, "seed": settings.seed, "threads": threads,
         "device": settings.device,
         "samples_per_step": settings.samples_per_step, "checkpoint_dir": str(run_dir / "checkpoints"),
-        "metrics_file": str(run_dir / "trainer_metrics.jsonl"),
+        "metrics_file": str(run_dir / "trainer_metrics.jsonl"), "tracking": {"dir": str(run_dir)},
         "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
                     "advantages": {"skip_zero_variance": False}},
     }  # fmt: skip
@@ -101,11 +101,12 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "engine": settings.engine,
         "device": settings.device,
     }
-    security: dict[str, Any] = {}  # what every service requires of its callers
+    # Every service's: metrics on a free port (0), and what it requires of its callers.
+    shared: dict[str, Any] = {"metrics_port": 0} if settings.metrics else {}
     if settings.auth_token is not None:
-        security["auth_token"] = settings.auth_token
+        shared["auth_token"] = settings.auth_token
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:
-        security |= {"tls_cert_file": str(settings.tls_cert_file), "tls_key_file": str(settings.tls_key_file)}
+        shared |= {"tls_cert_file": str(settings.tls_cert_file), "tls_key_file": str(settings.tls_key_file)}
     coordinator: dict[str, Any] = {"journal_path": str(run_dir / "journal.sqlite")}
     if settings.auth_token is not None:  # each service calls the others with the same token
         inference["trainer_auth_token"] = settings.auth_token
@@ -114,10 +115,10 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         inference["trainer_tls_ca_file"] = str(settings.client_ca_file)
         coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
     return {
-        "reward": merge({"workers": 1, **security}, overrides(settings.reward)),
-        "trainer": merge({**trainer, **security}, overrides(settings.trainer)),
-        "inference": merge({**inference, **security}, overrides(settings.inference)),
-        "coordinator": merge({**coordinator, **security}, overrides(settings.coordinator)),
+        "reward": merge({"workers": 1, **shared}, overrides(settings.reward)),
+        "trainer": merge({**trainer, **shared}, overrides(settings.trainer)),
+        "inference": merge({**inference, **shared}, overrides(settings.inference)),
+        "coordinator": merge({**coordinator, **shared}, overrides(settings.coordinator)),
     }
 
 
@@ -203,6 +204,7 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     )
     processes.append(coordinator)
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
+    write_targets(run_dir / "prometheus_targets.json", processes)
     return coordinator
 
 

@@ -1,0 +1,127 @@
+"""A `pipelinerl run` watched from outside while it runs: every service's `/metrics` scraped and
+parsed with prometheus-client's parser shows exactly the documented series, and they move
+(versions rise, samples are counted). Afterwards the trainer's TensorBoard events and offline W&B
+run hold the reward, lag and ESS series, and `pipelinerl trace` follows one trained attempt
+through the log of every service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.run import launch
+from tests.observability_docs import documented_metrics
+from tests.tracking import tensorboard_series, wandb_series
+
+pytestmark = pytest.mark.slow
+
+BUDGET = 1536
+SECTIONS = {"coordinator": "Coordinator", "inference": "Inference", "trainer": "Trainer", "reward": "Reward"}
+Scrape = dict[str, Metric]
+
+
+def scrape(address: str) -> Scrape:
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return {family.name: family for family in text_string_to_metric_families(body)}
+
+
+async def scrape_all(addresses: dict[str, str]) -> dict[str, Scrape]:
+    return {name: await asyncio.to_thread(scrape, address) for name, address in addresses.items()}
+
+
+def exposed(families: Scrape) -> set[str]:
+    """Metric names as an exposition shows them (the parser drops a counter's `_total`), less the
+    `_created` series prometheus-client adds."""
+    names = {f"{f.name}_total" if f.type == "counter" else f.name for f in families.values()}
+    return {name for name in names if not name.endswith("_created")}
+
+
+def value(families: Scrape, name: str, **labels: str) -> float:
+    family = families[name]
+    return sum(
+        s.value
+        for s in family.samples
+        if s.labels.items() >= labels.items() and s.name in (name, f"{name}_total")
+    )
+
+
+def progress(scrapes: dict[str, Scrape]) -> dict[str, float]:
+    """The series that must rise while a run goes on, one per service."""
+    return {
+        "trainer version": value(scrapes["trainer"], "pipelinerl_trainer_version"),
+        "trainer trained": value(scrapes["trainer"], "pipelinerl_trainer_samples", disposition="trained"),
+        "inference version": value(scrapes["inference-0"], "pipelinerl_inference_weight_version"),
+        "inference sequences": value(scrapes["inference-0"], "pipelinerl_inference_sequences"),
+        "reward scored": value(scrapes["reward"], "pipelinerl_reward_items", status="scored"),
+        "coordinator trained": value(
+            scrapes["coordinator"], "pipelinerl_coordinator_stage_attempts", stage="trained"
+        ),
+    }
+
+
+async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    tracking = {"tensorboard": True, "wandb": "offline"}
+    settings = RunSettings(
+        run_dir=run_dir,
+        max_samples=BUDGET,
+        samples_per_step=32,
+        duration_s=300,
+        trainer={"tracking": tracking},
+    )
+    processes: list[ServiceProcess] = []
+    run = asyncio.create_task(launch(settings, processes=processes))
+    targets = run_dir / "prometheus_targets.json"
+    while not targets.exists():
+        assert not run.done(), run.result()
+        await asyncio.sleep(0.2)
+    addresses = {t["labels"]["instance"]: t["targets"][0] for t in json.loads(targets.read_text())}
+    assert set(addresses) == {"reward", "trainer", "inference-0", "coordinator"}
+
+    first = await scrape_all(addresses)
+    later = first
+    while not all(progress(later)[k] > v for k, v in progress(first).items()):
+        assert not run.done(), f"the run ended before every series moved: {progress(first)} {progress(later)}"
+        await asyncio.sleep(0.5)
+        later = await scrape_all(addresses)
+    result = await run
+    assert result.state == "completed" and result.trained > 0
+
+    documented = documented_metrics()
+    for instance, families in later.items():
+        section = SECTIONS[instance.split("-")[0]]
+        names = exposed(families)
+        assert documented[section] <= names, f"{instance} lacks {documented[section] - names}"
+        ours = {n for n in names if n.startswith("pipelinerl_") and not n.startswith("pipelinerl_grpc_")}
+        assert ours <= documented[section], f"{instance} serves undocumented {ours - documented[section]}"
+        assert documented["gRPC, every service"] <= names
+    submits = value(later["trainer"], "pipelinerl_grpc_server_started", grpc_method="SubmitSamples")
+    assert submits >= 1
+
+    for series in (tensorboard_series(run_dir / "tensorboard"), wandb_series(run_dir / "wandb")):
+        for name in ("reward_mean", "lag_mean", "ess"):
+            steps = [step for step, _ in series[name]]
+            assert len(steps) >= 10 and steps == sorted(set(steps)), name
+
+    journal = sqlite3.connect(run_dir / "journal.sqlite")
+    [(attempt,)] = journal.execute("SELECT sample_id FROM attempts WHERE disposition = 'trained' LIMIT 1")
+    journal.close()
+    cli = Path(sys.executable).parent / "pipelinerl"
+    traced = subprocess.run([cli, "trace", str(run_dir), attempt], capture_output=True, text=True, timeout=60)
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert lines[0].startswith(f"attempt {attempt} of group ") and "acked (trained)" in lines[0]
+    services = {line.split()[0] for line in lines[2:]}
+    assert services == {"coordinator", "inference-0", "reward", "trainer"}
+    assert any(line.startswith("trainer") and "disposition=trained" in line for line in lines)
