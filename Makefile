@@ -15,7 +15,7 @@ EDITABLE := --config-settings editable_mode=strict
 # Every file the link tree must hold; when the list changes, the tree is made again.
 MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
 
-.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -75,7 +75,17 @@ $(PYRIGHT):
 typecheck: venv $(PYRIGHT)
 	$(PYRIGHT)
 
-lint: venv lint-protos check-protos typecheck
+# Every overlay of deploy/k8s rendered and validated against the Kubernetes schemas that
+# kubernetes-validate bundles; strict: an unknown field fails, and so does a kind without a schema.
+k8s-check: venv
+	@for overlay in deploy/k8s/overlays/*; do \
+		rendered=$$($(BIN)/kubectl kustomize $$overlay) || exit 1; \
+		out=$$(echo "$$rendered" | $(BIN)/kubernetes-validate --strict --quiet - 2>&1); \
+		if [ -n "$$out" ]; then echo "$$out"; echo "$$overlay: not valid"; exit 1; fi; \
+		echo "$$overlay: valid"; \
+	done
+
+lint: venv lint-protos check-protos typecheck k8s-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
