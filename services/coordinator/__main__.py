@@ -47,7 +47,7 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     await membership.start()
     submitter.start()
     registry = CollectorRegistry()
-    metrics.watch(registry, coordinator.runs, journal.counts, pool.snapshot)
+    metrics.watch(registry, coordinator.runs, journal.counts, pool)
 
     async def close() -> None:
         await coordinator.close()

@@ -1,6 +1,6 @@
 """Prometheus metrics of the coordinator (`pipelinerl_coordinator_*`, listed in
 docs/observability.md), all read at each scrape (in the event loop): the runs' progress, the
-journal's attempts per state, and each inference server's version and load.
+journal's attempts per state, and the inference pool: each server's version and load, re-dispatches.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from pipelinerl.common.metrics import register_snapshot
+from pipelinerl.common.metrics import counters, register_snapshot
+from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.types import RunInfo
 
 PREFIX = "pipelinerl_coordinator"
@@ -41,9 +42,9 @@ def watch(
     registry: CollectorRegistry,
     runs: Callable[[], list[RunInfo]],
     journal_counts: Callable[[str], dict[str, int]],
-    servers: Callable[[], list[tuple[str, int, int]]],
+    pool: InferencePool,
 ) -> None:
-    """Read the runs, the journal and the pool's `(address, version, in flight)` at every scrape."""
+    """Read the runs, the journal and the inference pool at every scrape."""
 
     def snapshot() -> Iterator[Metric]:
         infos = runs()
@@ -53,7 +54,9 @@ def watch(
         yield states
         yield from _progress(infos)
         yield from _journal(infos, journal_counts)
-        yield from _servers(servers())
+        yield from _servers(pool.snapshot())
+        docs = {"redispatches": "Requests run again after their server went away, was busy or aborted them."}
+        yield from counters(PREFIX, docs, {"redispatches": pool.redispatches})
 
     register_snapshot(registry, snapshot)
 

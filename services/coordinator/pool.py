@@ -77,6 +77,8 @@ class InferencePool:
         self._started = False
         self.version_floor = 0
         """Members serving an older version take no prompt (trainer version minus its max_lag)."""
+        self.redispatches = 0
+        """Requests run again after their server went away, was busy or aborted them."""
         self._floor_known = trainer is None
         """With a trainer, no member takes a prompt before the trainer has told its version once."""
         for address in addresses:
@@ -183,6 +185,7 @@ class InferencePool:
                 "generation interrupted; retrying", server=server.address, code=code, error=why,
                 sample_id=request.request_id,
             )  # fmt: skip
+            self.redispatches += 1
             if code != "UNAVAILABLE":  # the server may still look free: do not spin on it
                 await asyncio.sleep(BUSY_RETRY_S)
 
