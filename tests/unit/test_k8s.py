@@ -132,17 +132,23 @@ def probed_port(probe: dict[str, Any]) -> int:
     return int(probe["exec"]["command"][-1].rsplit(":", 1)[1])
 
 
-def calls(pod: Pod) -> Iterator[str]:
-    """Every `host:port` the pod's service connects to."""
+def calls(pod: Pod, trainer: TrainerSettings) -> Iterator[tuple[str, str]]:
+    """Every `host:port` the pod's service connects to, with the name of the port it expects
+    there: `grpc`, or `store` (the trainer's broadcast rendezvous store)."""
     s = pod.settings
     if isinstance(s, CoordinatorSettings):
-        yield s.trainer_address
-        yield from s.inference_addresses
-        yield from s.inference_dns
-        yield from s.reward_addresses
-        yield from s.reward_dns
+        addresses = [s.trainer_address, *s.inference_addresses, *s.inference_dns]
+        for address in [*addresses, *s.reward_addresses, *s.reward_dns]:
+            yield address, "grpc"
     if isinstance(s, InferenceSettings) and s.trainer_address:
-        yield s.trainer_address
+        yield s.trainer_address, "grpc"
+        yield f"{trainer.advertise_host}:{trainer.store_port}", "store"
+
+
+def listens(pod: Pod) -> dict[str, int]:
+    """The ports the pod's service binds, by name."""
+    s = pod.settings
+    return {"grpc": s.port, "store": s.store_port} if isinstance(s, TrainerSettings) else {"grpc": s.port}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -166,30 +172,33 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
     assert isinstance(found["inference"].settings, InferenceSettings)
     assert found["inference"].settings.trainer_auth_token
 
-    def targets(address: str) -> list[Pod]:
-        """The pods behind a Service address, which must name the Service and one of its ports."""
+    def targets(address: str, name: str) -> Iterator[tuple[Pod, int]]:
+        """The pods behind a Service address and the port each is reached on; the address must
+        name a Service and one of its ports, and that port the pods' port `name`."""
         host, port = address.rsplit(":", 1)
         assert host in services, f"{address}: no Service {host}"
         spec = services[host]["spec"]
-        assert any(p["port"] == int(port) for p in spec["ports"]), f"{address}: Service has no port {port}"
+        assert {"name": name, "port": int(port), "targetPort": name} in spec["ports"], address
         behind = [pod for pod in found.values() if selects(spec["selector"], pod.labels)]
         assert behind, f"{address}: the Service selects no pod"
-        return behind
+        for pod in behind:
+            pod_port = listens(pod).get(name)
+            assert {"name": name, "containerPort": pod_port} in pod.container["ports"], address
+            yield pod, pod_port
 
     policies = of_kind(docs, "NetworkPolicy")
     trainer = found["trainer"].settings
     assert isinstance(trainer, TrainerSettings)
-    store = f"{trainer.advertise_host}:{trainer.store_port}"
     for caller in found.values():
-        for address in [*calls(caller), *([store] if caller is found["inference"] else [])]:
-            for target in targets(address):
-                port = int(address.rsplit(":", 1)[1])
-                assert target.settings.port == port or address == store, address
+        for address, name in calls(caller, trainer):
+            for target, port in targets(address, name):
                 assert admits(policies, target.labels, caller.labels, port), f"{caller.labels} -> {address}"
 
     for dns in [*coordinator.inference_dns, *coordinator.reward_dns]:
         spec = services[dns.rsplit(":", 1)[0]]["spec"]
-        assert spec["clusterIP"] == "None" and not spec["publishNotReadyAddresses"], f"{dns}: not headless"
+        assert spec.get("clusterIP") == "None" and not spec["publishNotReadyAddresses"], (
+            f"{dns}: not headless"
+        )
     # Nothing else reaches the services: any other pod, a reward replica included, reaches only
     # the coordinator's port.
     for source in ({"app": "elsewhere"}, found["reward"].labels):
