@@ -1,7 +1,8 @@
 """Check a finished `pipelinerl run` directory as the end-to-end tests do: every attempt final, and
-each trained one in the final weights exactly once. Prints one JSON line of the dispositions.
+each trained one in the final weights exactly once; with BUDGET, also that the run dispatched
+exactly that many attempts. Prints one JSON line of the dispositions.
 
-    python scripts/run_evidence.py RUN_DIR
+    python scripts/run_evidence.py RUN_DIR [BUDGET]
 """
 
 from __future__ import annotations
@@ -14,6 +15,6 @@ from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
 
 if __name__ == "__main__":
     run_dir = Path(sys.argv[1])
-    attempts = len(journal_rows(run_dir))
+    attempts = int(sys.argv[2]) if len(sys.argv) > 2 else len(journal_rows(run_dir))
     dispositions = assert_trained_exactly_once(run_dir, attempts)
     print(json.dumps({"attempts": attempts, "trained_exactly_once": True, **dispositions}))

@@ -1,12 +1,18 @@
-"""deploy/compose.yaml stays true to the services: every command parses with its service's
-settings, and every address it names is a service of the file listening on that port. (No Docker
-engine is needed; `docker compose config` checks the syntax where one exists.)"""
+"""deploy/compose.yaml and deploy/Dockerfile stay true to the services: every command parses with its
+service's settings, every address it names is a service of the file listening on that port, every
+image builds a target that exists and checks the health of its service's port, and the file stays
+within what Compose v1 accepts. (No Docker engine is needed; scripts/compose_test.sh runs it.)"""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from pipelinerl.common.settings import ServiceSettings
@@ -22,18 +28,28 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "inference": InferenceSettings,
     "coordinator": CoordinatorSettings,
 }
+TOKEN = "${PIPELINERL_AUTH_TOKEN:?"  # how every service takes the bearer token from the env file
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
 
 def services() -> dict[str, ServiceSettings]:
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     parsed = {}
-    for name, service in compose["services"].items():
+    for name, service in compose()["services"].items():
         verb, kind, *flags = service["command"]
         assert verb == "serve" and kind in SETTINGS, name
         parsed[name] = SETTINGS[kind].load(None, flags)
         assert parsed[name].host == "0.0.0.0", f"{name} must listen beyond its container"
         assert service["healthcheck"]["test"][-1] == f"127.0.0.1:{parsed[name].port}", name
     return parsed
+
+
+def dockerfile_stages() -> dict[str, str]:
+    """Stage name -> its lines, from deploy/Dockerfile."""
+    parts = re.split(r"^FROM \S+ AS (\S+)\n", (DEPLOY / "Dockerfile").read_text(), flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_every_command_parses_and_every_address_names_a_service_port() -> None:
@@ -47,12 +63,63 @@ def test_every_command_parses_and_every_address_names_a_service_port() -> None:
             named.append(settings.trainer_address)
             assert f"{name}:{settings.port}" in coordinator.inference_addresses
     assert set(named) <= ports, set(named) - ports
+    assert len(coordinator.inference_addresses) == 2
     trainer = parsed["trainer"]
     assert isinstance(trainer, TrainerSettings) and trainer.advertise_host == "trainer" and trainer.store_port
 
 
-def test_the_image_installs_extras_that_exist() -> None:
+def test_every_service_takes_the_bearer_token_from_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, service in compose()["services"].items():
+        _, kind, *flags = service["command"]
+        for variable, value in service["environment"].items():
+            assert value.startswith(TOKEN), (name, variable)
+            monkeypatch.setenv(variable, "secret")
+        settings = SETTINGS[kind].load(None, flags)
+        tokens = [settings.auth_token, getattr(settings, "trainer_auth_token", "secret")]
+        tokens.append(getattr(settings, "services_auth_token", "secret"))
+        assert tokens == ["secret"] * 3, name
+
+
+def test_the_file_is_one_compose_v1_runs() -> None:
+    """No top-level `name` (v1 refuses it); start order gated on health; state in named volumes;
+    only the coordinator reachable from the host, and only from this machine."""
+    spec = compose()
+    assert "name" not in spec and "version" not in spec
+    for name, service in spec["services"].items():
+        gates = service.get("depends_on", {}).values()
+        assert all(gate == {"condition": "service_healthy"} for gate in gates), name
+        assert ("ports" in service) == (name == "coordinator"), name
+        for volume in service.get("volumes", []):
+            assert volume.split(":")[0] in spec["volumes"], (name, volume)
+    assert spec["services"]["coordinator"]["ports"] == ["127.0.0.1:50050:50050"]
+
+
+def test_every_image_is_a_target_that_checks_its_service_port() -> None:
+    stages = dockerfile_stages()
+    for name, service in compose()["services"].items():
+        kind = service["command"][1]
+        assert service["build"]["target"] == kind, name
+        healthcheck = re.search(r'^HEALTHCHECK .*"127\.0\.0\.1:(\d+)"\]$', stages[kind], re.MULTILINE)
+        assert healthcheck is not None, kind
+        assert int(healthcheck.group(1)) == SETTINGS[kind]().port, kind
+        assert f'CMD ["serve", "{kind}"' in stages[kind], kind
+
+
+def test_the_images_install_extras_that_exist() -> None:
     extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     dockerfile = (DEPLOY / "Dockerfile").read_text()
-    wanted = dockerfile.split('".[', 1)[1].split(']"', 1)[0].split(",")
-    assert set(wanted) <= set(extras)
+    named = re.findall(r"^ARG \w+_EXTRAS=(.*)$|requirements\.py \S+ ([\w,]+) ", dockerfile, re.MULTILINE)
+    wanted = {extra for match in named for group in match for extra in group.split(",") if extra}
+    assert wanted and wanted <= set(extras), wanted - set(extras)
+
+
+def test_requirements_lists_the_dependencies_and_those_of_the_extras() -> None:
+    pyproject = DEPLOY.parent / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+
+    def requirements(extras: str) -> list[str]:
+        script = [sys.executable, str(DEPLOY / "requirements.py"), str(pyproject), extras]
+        return subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
+
+    assert requirements("reward") == project["dependencies"] + project["optional-dependencies"]["reward"]
+    assert requirements("") == project["dependencies"]
