@@ -15,7 +15,7 @@ EDITABLE := --config-settings editable_mode=strict
 # Every file the link tree must hold; when the list changes, the tree is made again.
 MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
 
-.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check compose-test
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ vllm-env:
 # The built-in engine's reference outputs come from .venv, hence `venv` too.
 vllm-test: venv vllm-env
 	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/vllm -m vllm
+
+# deploy/compose.yaml on a Docker engine of its own (as root; installs docker.io when missing): build
+# the images, a run with an inference container killed mid-run, every attempt trained exactly once.
+compose-test: venv
+	scripts/compose_test.sh
 
 # The wheels a GPU machine without network lacks (scripts/gpu-wheels.txt), for CPython 3.12 on
 # manylinux x86_64, into .gpu-wheels/ (at most 60 MiB); DeepSpeed is built here as a pure-Python
