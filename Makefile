@@ -15,7 +15,7 @@ EDITABLE := --config-settings editable_mode=strict
 # Every file the link tree must hold; when the list changes, the tree is made again.
 MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
 
-.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check compose-test
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check compose-test clients check-clients clients-test
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,25 @@ lint-protos: $(BUF)
 	cd protos && ../$(BUF) lint
 	$(BUF) breaking protos --against '.git#branch=main,subdir=protos'
 
+# The TypeScript client (clients/typescript): its npm dependencies, pinned by its package-lock.json,
+# hold the protoc-gen-es plugin that protos/buf.gen.yaml runs.
+TS_CLIENT := clients/typescript
+$(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --silent --no-audit --no-fund
+
+# Regenerates the TypeScript client's code (clients/typescript/src/gen) from protos/.
+clients: $(BUF) $(TS_CLIENT)/node_modules/.package-lock.json
+	cd protos && ../$(BUF) generate
+
+# Regenerating must not change the committed client code; part of `lint`.
+check-clients: clients
+	git diff --exit-code -- $(TS_CLIENT)/src/gen
+	test -z "$$(git status --porcelain --untracked-files=all -- $(TS_CLIENT)/src/gen)"
+
+# The TypeScript client's tests, against the four real services on the tiny model.
+clients-test: venv $(TS_CLIENT)/node_modules/.package-lock.json
+	cd $(TS_CLIENT) && OMP_NUM_THREADS=1 npm test --silent
+
 $(PYRIGHT):
 	npm install --silent --no-audit --no-fund --prefix .tools pyright@$(PYRIGHT_VERSION)
 
@@ -90,9 +109,9 @@ k8s-check: venv
 		echo "$$overlay: valid"; \
 	done
 
-lint: venv lint-protos check-protos typecheck k8s-check
+lint: venv lint-protos check-protos check-clients typecheck k8s-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache .gpu-wheels
+	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache .gpu-wheels $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
