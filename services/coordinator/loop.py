@@ -257,7 +257,6 @@ class RunLoop:
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
         bind_context(sample_id=attempt.sample_id)
         self._journal.mark_dispatched(attempt.sample_id)
-        log.info("attempt dispatched")
         request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
         try:
             server, completion = await self._pool.generate(request)

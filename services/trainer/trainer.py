@@ -195,12 +195,14 @@ class Trainer:
     # ---- admission ----------------------------------------------------------------------------
 
     def _observed(self, on_ack: AckSink, sample: Sample | Malformed) -> AckSink:
-        """`on_ack`, with every ack of `sample` (now and later) counted and logged with its ids."""
+        """`on_ack`, with every ack of `sample` (now and later) counted, and the final one logged
+        with its ids (ACCEPTED only says that a final ack will follow)."""
 
         def observed(ack: SampleAck) -> None:
             self.metrics.acked(ack.disposition)
-            log.info("sample acked", sample_id=ack.sample_id, group_id=sample.group_id,
-                     disposition=ack.disposition.value, version=ack.version)  # fmt: skip
+            if ack.disposition is not Disposition.ACCEPTED:
+                log.info("sample acked", sample_id=ack.sample_id, group_id=sample.group_id,
+                         disposition=ack.disposition.value, version=ack.version)  # fmt: skip
             on_ack(ack)
 
         return observed
