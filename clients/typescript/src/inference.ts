@@ -62,7 +62,9 @@ export class GenerateSession {
   /** A new stream, once the server has sent its first Capacity. */
   static async open(client: Client<typeof InferenceService>): Promise<GenerateSession> {
     const session = new GenerateSession(client);
-    await session.until(() => session.latest !== undefined || session.ended !== undefined);
+    while (session.latest === undefined && session.ended === undefined) {
+      await session.changed.promise;
+    }
     if (session.ended !== undefined) {
       throw session.failure ?? session.gone(); // refused (UNAUTHENTICATED, ...) or gone at once
     }
@@ -90,7 +92,11 @@ export class GenerateSession {
     const wake = () => this.notify();
     signal?.addEventListener("abort", wake);
     try {
-      await this.until(() => !!signal?.aborted || this.pending.size < this.window || this.window === 0);
+      // No await between this check and taking the slot below, so concurrent calls cannot all see
+      // the same free slot.
+      while (!signal?.aborted && this.pending.size >= this.window && this.window > 0) {
+        await this.changed.promise;
+      }
     } finally {
       signal?.removeEventListener("abort", wake);
     }
@@ -188,12 +194,6 @@ export class GenerateSession {
   private notify(): void {
     this.changed.resolve();
     this.changed = deferred();
-  }
-
-  private async until(ready: () => boolean): Promise<void> {
-    while (!ready()) {
-      await this.changed.promise;
-    }
   }
 
   private gone(): PipelineError {
