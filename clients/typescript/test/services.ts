@@ -1,7 +1,9 @@
-// The four real services, started by harness.py on 127.0.0.1 and stopped through its stdin.
+// Real services on 127.0.0.1: the four of a run, started by harness.py and stopped through its
+// stdin; or one service alone, stopped by its pid.
 import { spawn } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -15,6 +17,11 @@ const STOP_TIMEOUT_MS = 60_000;
 export interface Services {
   /** `host:port` of `coordinator`, `inference-0`, `reward` and `trainer`. */
   readonly addresses: Readonly<Record<string, string>>;
+  stop(): Promise<void>;
+}
+
+export interface Service {
+  readonly address: string;
   stop(): Promise<void>;
 }
 
@@ -39,4 +46,27 @@ export async function startServices(token: string): Promise<Services> {
     throw new Error(`the harness exited with ${first} before the services were up:\n${log}`);
   }
   return { addresses: JSON.parse(first[0] as string), stop };
+}
+
+/** `python -m pipelinerl.<service> --port 0 ...args`, once it has written its address. */
+export async function startService(service: string, ...args: string[]): Promise<Service> {
+  const dir = mkdtempSync(join(tmpdir(), "pipelinerl-ts-"));
+  const ready = join(dir, "address");
+  const server = spawn(PYTHON, ["-m", `pipelinerl.${service}`, "--port", "0", "--ready-file", ready, ...args], {
+    stdio: "ignore",
+  });
+  const exited = once(server, "exit");
+  const stop = async () => {
+    server.kill("SIGTERM"); // it drains and exits
+    await exited;
+    rmSync(dir, { recursive: true, force: true });
+  };
+  while (!existsSync(ready)) {
+    if (server.exitCode !== null) {
+      await stop();
+      throw new Error(`${service} exited with ${server.exitCode} before it was serving`);
+    }
+    await sleep(100);
+  }
+  return { address: readFileSync(ready, "utf8").trim(), stop };
 }
