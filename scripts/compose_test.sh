@@ -46,8 +46,10 @@ cleanup() {
       $compose ps >&2 || true
       $compose logs --tail 30 >&2 || true
     fi
-    say "removing the containers, volumes and network"
-    [[ -z ${compose:-} ]] || timeout 120 $compose down -v --remove-orphans >&2 || say "compose down failed"
+    if [[ -n ${compose:-} ]]; then
+      say "removing the containers, volumes and network"
+      timeout 120 $compose down -v --remove-orphans >&2 || say "compose down failed"
+    fi
     # a kept data root keeps the newest images only
     [[ -z ${COMPOSE_TEST_ROOT:-} ]] || timeout 300 docker image prune -f >/dev/null || true
     say "stopping dockerd (pid $dockerd_pid)"
@@ -61,6 +63,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM  # through cleanup too
 
 # --- the engine -----------------------------------------------------------------------------------
 step=$(date +%s)
