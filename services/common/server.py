@@ -185,6 +185,8 @@ class GrpcServer:
 
     settings: ServiceSettings
     services: Sequence[Registration]
+    on_start: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called once the server is bound and SERVING, e.g. to announce its address."""
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """Called on shutdown before the grace period starts, e.g. to end long-lived streams politely."""
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -228,6 +230,8 @@ class GrpcServer:
             partial = self.settings.ready_file.with_name(self.settings.ready_file.name + ".partial")
             partial.write_text(self.address + "\n")
             partial.replace(self.settings.ready_file)
+        for hook in self.on_start:
+            await hook()
         return self.port
 
     @property

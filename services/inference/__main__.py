@@ -77,9 +77,35 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     server = GrpcServer(
         settings, [registration(servicer)], on_drain=[servicer.drain], on_close=on_close, registry=registry
     )
+    if settings.coordinator_address is not None:
+        _join_coordinator(settings, server)
     if isinstance(runner, EngineRunner):
         runner.on_failure = lambda exc: server.set_not_serving(f"the engine failed: {exc!r}")
     return server
+
+
+def _join_coordinator(settings: InferenceSettings, server: GrpcServer) -> None:
+    """Register with the coordinator once serving and keep the lease; leave first on drain."""
+    from pipelinerl.common.channel import ChannelConfig
+    from pipelinerl.coordinator.client import CoordinatorClient
+    from pipelinerl.inference.lease import CoordinatorLease, advertised_address
+
+    assert settings.coordinator_address is not None
+    coordinator = CoordinatorClient(
+        ChannelConfig(
+            settings.coordinator_address,
+            auth_token=settings.coordinator_auth_token,
+            tls_ca_file=settings.coordinator_tls_ca_file,
+        )
+    )
+    lease = CoordinatorLease(coordinator)
+
+    async def join() -> None:
+        await lease.start(advertised_address(settings.advertise_address, settings.host, server.port))
+
+    server.on_start.append(join)
+    server.on_drain.insert(0, lease.leave)
+    server.on_close.append(coordinator.close)
 
 
 async def _start_engine(settings: InferenceSettings, initial_version: int) -> EngineRunner | VllmBackend:

@@ -63,6 +63,16 @@ class InferenceSettings(ServiceSettings, EngineSettings):
     """Bearer token of the trainer, if it needs one."""
     trainer_tls_ca_file: Path | None = None
     """PEM CA bundle to verify the trainer with, if it speaks TLS; unset, calls are plaintext."""
+    coordinator_address: str | None = None
+    """`host:port` of a coordinator to join: once serving, the server registers itself there
+    (RegisterInferenceServer) and renews its lease until it drains."""
+    coordinator_auth_token: str | None = None
+    """Bearer token of the coordinator, if it needs one."""
+    coordinator_tls_ca_file: Path | None = None
+    """PEM CA bundle to verify the coordinator with, if it speaks TLS; unset, calls are plaintext."""
+    advertise_address: str | None = None
+    """`host:port` at which the coordinator reaches this server (in Kubernetes, the pod IP and
+    port); unset, the bound address, with this host's name when bound to every interface."""
     receiver_id: str = Field(default_factory=socket.gethostname)
     """This server's name in broadcast groups; must be unique among the trainer's receivers."""
     accepts_broadcast: bool = True

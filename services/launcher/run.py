@@ -109,10 +109,10 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         shared |= {"tls_cert_file": str(settings.tls_cert_file), "tls_key_file": str(settings.tls_key_file)}
     coordinator: dict[str, Any] = {"journal_path": str(run_dir / "journal.sqlite")}
     if settings.auth_token is not None:  # each service calls the others with the same token
-        inference["trainer_auth_token"] = settings.auth_token
+        inference["trainer_auth_token"] = inference["coordinator_auth_token"] = settings.auth_token
         coordinator["services_auth_token"] = settings.auth_token
     if settings.client_ca_file is not None:  # each verifies the others' TLS with the run's CA
-        inference["trainer_tls_ca_file"] = str(settings.client_ca_file)
+        inference["trainer_tls_ca_file"] = inference["coordinator_tls_ca_file"] = str(settings.client_ca_file)
         coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
     return {
         "reward": merge({"workers": 1, **shared}, overrides(settings.reward)),
@@ -159,9 +159,11 @@ async def _start_and_drive(
 
 
 async def start_services(settings: RunSettings, processes: list[ServiceProcess]) -> ServiceProcess:
-    """Start reward, trainer, the inference servers and the coordinator in `settings.run_dir`, each
-    once the ones it needs are healthy; returns the coordinator. `processes` receives every handle
-    as it starts (the caller stops them, also when this fails half-way)."""
+    """Start reward, trainer, the coordinator and the inference servers in `settings.run_dir`, each
+    once the ones it needs are healthy; the inference servers join the coordinator's pool by
+    registering (as in a cluster). Returns the coordinator. `processes` receives every handle as it
+    starts, the coordinator last, so that it stops first (the caller stops them, also when this fails
+    half-way)."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     threads, inference_cores, trainer_cores = _placement(settings)
@@ -178,24 +180,8 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     )
     processes.append(trainer)
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in processes))
-    inference = [
-        start_service(
-            f"inference-{i}",
-            "pipelinerl.inference",
-            merge(
-                configs["inference"],
-                {"trainer_address": trainer.address, "receiver_id": f"inference-{i}"},
-            ),
-            run_dir,
-            cores,
-            python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
-        )
-        for i, cores in enumerate(inference_cores)
-    ]
-    processes += inference
-    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     addresses = {
-        "inference_addresses": [p.address for p in inference],
+        "inference_addresses": [],
         "reward_address": processes[0].address,
         "trainer_address": trainer.address,
     }
@@ -204,6 +190,26 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     )
     processes.append(coordinator)
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
+    inference = [
+        start_service(
+            f"inference-{i}",
+            "pipelinerl.inference",
+            merge(
+                configs["inference"],
+                {
+                    "trainer_address": trainer.address,
+                    "receiver_id": f"inference-{i}",
+                    "coordinator_address": coordinator.address,
+                },
+            ),
+            run_dir,
+            cores,
+            python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
+        )
+        for i, cores in enumerate(inference_cores)
+    ]
+    processes[-1:-1] = inference  # before the coordinator
+    await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     write_targets(run_dir / "prometheus_targets.json", processes)
     return coordinator
 
