@@ -138,7 +138,7 @@ def calls(pod: Pod, trainer: TrainerSettings) -> Iterator[tuple[str, str]]:
     s = pod.settings
     if isinstance(s, CoordinatorSettings):
         addresses = [s.trainer_address, *s.inference_addresses, *s.inference_dns]
-        for address in [*addresses, *s.reward_addresses, *s.reward_dns]:
+        for address in [*addresses, s.reward_address]:
             yield address, "grpc"
     if isinstance(s, InferenceSettings) and s.trainer_address:
         yield s.trainer_address, "grpc"
@@ -194,7 +194,7 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
             for target, port in targets(address, name):
                 assert admits(policies, target.labels, caller.labels, port), f"{caller.labels} -> {address}"
 
-    for dns in [*coordinator.inference_dns, *coordinator.reward_dns]:
+    for dns in coordinator.inference_dns:
         spec = services[dns.rsplit(":", 1)[0]]["spec"]
         assert spec.get("clusterIP") == "None" and not spec["publishNotReadyAddresses"], (
             f"{dns}: not headless"
