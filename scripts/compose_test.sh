@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # deploy/compose.yaml for real, on a Docker engine of its own: build the images, start the services,
-# drive a run from this machine, SIGKILL one inference container mid-run, then check from the
-# journal and the trainer's checkpoint that every attempt was trained exactly once. The last line
-# printed is one JSON object of what was measured. As root on Debian or Ubuntu (make compose-test).
+# drive a run from this machine, SIGKILL one inference container mid-run, scrape every service's
+# /metrics, then check from the journal and the trainer's checkpoint that every attempt was trained
+# exactly once. The last line printed is one JSON object of what was measured. As root on Debian or
+# Ubuntu (make compose-test).
 #
 # Environment: BUDGET (samples of the run, 4096); BASE_IMAGE (python:3.11-slim when it can be
 # pulled, else one made here from Debian packages with mmdebstrap); COMPOSE_TEST_ROOT (the engine's
@@ -177,6 +178,26 @@ run_s=$(since "$step")
 summary=$(grep -E '^completed: ' "$work/run.log") || { cat "$work/run.log" >&2; fail "the run did not complete"; }
 samples_per_s=$(sed -nE 's/.*\(([0-9.]+)\/s\)$/\1/p' <<<"$summary")
 
+# --- /metrics of every service still up, read from inside its container (port 9100, not published)
+say "scraping /metrics"
+scrape() {
+  docker exec "$($compose ps -q "$1")" python3 -c \
+    'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9100/metrics", timeout=10).read().decode())'
+}
+series=""
+for service in reward trainer inference-0 coordinator; do
+  text=$(scrape "$service") || fail "$service serves no /metrics"
+  role=${service%-[0-9]}
+  count=$(grep -c "^pipelinerl_${role}_" <<<"$text") || fail "$service: no pipelinerl_${role}_* series"
+  series+="\"$service\": $count, "
+  case $service in
+    trainer) version=$(awk '$1 == "pipelinerl_trainer_version" { print $2 }' <<<"$text") ;;
+    inference-0) served=$(awk '$1 == "pipelinerl_inference_weight_version" { print $2 }' <<<"$text") ;;
+  esac
+done
+awk -v v="${version:-0}" -v s="${served:-0}" 'BEGIN { exit !(v > 0 && s > 0) }' ||
+  fail "scraped trainer version ${version:-none}, inference-0 version ${served:-none}: not both past 0"
+
 # --- the evidence: journal, final checkpoint and step metrics, copied out of the stopped services --
 say "checking the journal and the final checkpoint"
 timeout 120 $compose stop >&2
@@ -192,6 +213,7 @@ for role in reward coordinator inference trainer; do
 done
 format='{"compose": "%s", "base_image": "%s", "engine_install_s": %d, "base_image_s": %d, "build_s": %d,'
 format+=' "healthy_s": %d, "run_s": %d, "budget": %d, "samples_per_s": %s, "killed_at_trained": %d,'
-format+=' "image_mb": {%s}, "evidence": %s, "total_s": %d}\n'
+format+=' "image_mb": {%s}, "metrics_series": {%s}, "scraped_version": %s, "evidence": %s, "total_s": %d}\n'
 printf "$format" "$compose_version" "$BASE_IMAGE" "$engine_install_s" "$base_image_s" "$build_s" "$healthy_s" \
-  "$run_s" "$BUDGET" "$samples_per_s" "$killed_at" "${sizes%, }" "$dispositions" "$(since "$started")"
+  "$run_s" "$BUDGET" "$samples_per_s" "$killed_at" "${sizes%, }" "${series%, }" "$version" "$dispositions" \
+  "$(since "$started")"

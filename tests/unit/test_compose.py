@@ -123,3 +123,15 @@ def test_requirements_lists_the_dependencies_and_those_of_the_extras() -> None:
 
     assert requirements("reward") == project["dependencies"] + project["optional-dependencies"]["reward"]
     assert requirements("") == project["dependencies"]
+
+
+def test_every_service_serves_metrics_that_the_scrape_config_names() -> None:
+    """Each service's /metrics port is in deploy/prometheus.yml, under the job of its role."""
+    roles = {name: service["command"][1] for name, service in compose()["services"].items()}
+    served: dict[str, set[str]] = {}
+    for name, settings in services().items():
+        assert settings.metrics_port is not None, f"{name} must serve /metrics"
+        served.setdefault(roles[name], set()).add(f"{name}:{settings.metrics_port}")
+    scrape = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
+    jobs = {job["job_name"]: {t for c in job["static_configs"] for t in c["targets"]} for job in scrape}
+    assert jobs == served

@@ -42,6 +42,7 @@ class Pod:
     """One workload's pod template and its container's settings."""
 
     labels: dict[str, str]
+    annotations: dict[str, str]
     container: dict[str, Any]
     settings: ServiceSettings
 
@@ -93,7 +94,8 @@ def pods(docs: list[dict[str, Any]], secrets: set[tuple[str, str]]) -> dict[str,
             labels = dict(template["metadata"]["labels"])
             if doc["kind"] == "StatefulSet":  # the label its controller gives pod 0
                 labels["statefulset.kubernetes.io/pod-name"] = f"{doc['metadata']['name']}-0"
-            found[doc["metadata"]["name"]] = Pod(labels, container, parse(container, secrets))
+            annotations = template["metadata"].get("annotations", {})
+            found[doc["metadata"]["name"]] = Pod(labels, annotations, container, parse(container, secrets))
     return found
 
 
@@ -167,6 +169,11 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
         assert {"name": "grpc", "containerPort": s.port} in container["ports"], name
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert probed_port(container[probe]) == s.port, f"{name}: {probe}"
+        # Prometheus finds /metrics by the pod's annotations and may reach it from anywhere
+        assert s.metrics_port is not None, f"{name} must serve /metrics"
+        assert {"name": "metrics", "containerPort": s.metrics_port} in container["ports"], name
+        scrape = {"scrape": "true", "port": str(s.metrics_port), "path": "/metrics"}
+        assert {f"prometheus.io/{k}": v for k, v in scrape.items()}.items() <= pod.annotations.items(), name
     coordinator = found["coordinator"].settings
     assert isinstance(coordinator, CoordinatorSettings) and coordinator.services_auth_token
     assert isinstance(found["inference"].settings, InferenceSettings)
@@ -200,7 +207,8 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
             f"{dns}: not headless"
         )
     # Nothing else reaches the services: any other pod, a reward replica included, reaches only
-    # the coordinator's port.
+    # the coordinator's port, and every pod's /metrics.
     for source in ({"app": "elsewhere"}, found["reward"].labels):
         for name, pod in found.items():
             assert admits(policies, pod.labels, source, pod.settings.port) == (name == "coordinator"), name
+            assert admits(policies, pod.labels, source, pod.settings.metrics_port or 0), name
