@@ -7,6 +7,8 @@ attempt's id; a sample is named after the attempt that made it).
 
 Messages that carry an id (a sample's `sample_id` and `group_id`, a request's `request_id`) are
 logged with it; the metadata brings the ids a message lacks (the run and group of a Score call).
+A Generate stream carries the requests of many groups, so each `Submission` carries its own ids in
+its `trace` map (the same fields), which the inference server binds for that request.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ def _key(field: str) -> str:
 _KEYS = {_key(field): field for field in FIELDS}
 
 
+def bound() -> dict[str, str]:
+    """The ids bound to the current task's log context, by field."""
+    context = structlog.contextvars.get_contextvars()
+    return {field: str(context[field]) for field in FIELDS if field in context}
+
+
 def outgoing() -> list[tuple[str, str]]:
     """Metadata for a call made now: the ids bound to the current task's log context."""
-    bound = structlog.contextvars.get_contextvars()
-    return [(_key(field), str(bound[field])) for field in FIELDS if field in bound]
+    return [(_key(field), value) for field, value in bound().items()]
 
 
 class TraceContextInterceptor(grpc.aio.ServerInterceptor):

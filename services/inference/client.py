@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from pipelinerl.common import convert
+from pipelinerl.common import convert, trace
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.status import domain_errors, error_from_status
@@ -106,6 +106,7 @@ class GenerateSession:
             prompt_text=request.prompt_text,
             sampling=convert.sampling_to_proto(request.sampling),
             stream_tokens=on_delta is not None,
+            trace=trace.bound(),  # the attempt's ids, for the server's log lines about it
         )
         try:
             await self._write(pb.GenerateRequest(submit=submission))

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import grpc
 from prometheus_client import CollectorRegistry
 
-from pipelinerl.common import convert
+from pipelinerl.common import convert, trace
 from pipelinerl.common.errors import InvalidArgument, PipelineError, ResourceExhausted, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.server import Registration
@@ -88,13 +88,13 @@ class _GenerateStream:
     def _submit(self, msg: pb.Submission) -> None:
         request_id = msg.request_id
         try:
-            request = self._validate(msg)
+            request, ids = self._validate(msg), self._trace_ids(msg)
         except PipelineError as exc:
             self._out.put_nowait(
                 pb.GenerateResponse(error=pb.RequestError(request_id=request_id, status=item_status(exc)))
             )
             return
-        task = asyncio.create_task(self._generate(request))
+        task = asyncio.create_task(self._generate(request, ids))
         self._tasks[request_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(request_id, None))
 
@@ -115,10 +115,21 @@ class _GenerateStream:
         sampling = convert.sampling_from_proto(msg.sampling, "submit.sampling")
         return GenerationRequest(msg.request_id, prompt, sampling, msg.stream_tokens)
 
-    async def _generate(self, request: GenerationRequest) -> None:
+    @staticmethod
+    def _trace_ids(msg: pb.Submission) -> dict[str, str]:
+        """The ids the request's log lines carry: its `trace` map, its id as `sample_id` by default."""
+        for key, value in msg.trace.items():
+            if key not in trace.FIELDS:
+                known = ", ".join(trace.FIELDS)
+                raise InvalidArgument.field("submit.trace", f"unknown key {key[:32]!r}: keys are {known}")
+            if len(value.encode()) > MAX_REQUEST_ID_BYTES:
+                raise InvalidArgument.field(f"submit.trace[{key}]", f"at most {MAX_REQUEST_ID_BYTES} bytes")
+        return {"sample_id": msg.request_id, **msg.trace}
+
+    async def _generate(self, request: GenerationRequest, ids: dict[str, str]) -> None:
         tokens = TokenSequence()
         rid = request.request_id
-        bind_context(sample_id=rid)  # a coordinator's request id is the attempt's id
+        bind_context(**ids)
         try:
             async for update in self._backend.generate(request):
                 tokens.extend(update.tokens)

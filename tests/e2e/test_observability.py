@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -124,4 +125,7 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
     assert lines[0].startswith(f"attempt {attempt} of group ") and "acked (trained)" in lines[0]
     services = {line.split()[0] for line in lines[2:]}
     assert services == {"coordinator", "inference-0", "reward", "trainer"}
+    group, run = re.match(r"attempt \S+ of group (\S+), run (\S+):", lines[0]).groups()  # type: ignore[union-attr]
+    generated = [line for line in lines if line.startswith("inference-0") and " generated " in line]
+    assert generated and all(f"group_id={group}" in line and f"run={run}" in line for line in generated)
     assert any(line.startswith("trainer") and "disposition=trained" in line for line in lines)

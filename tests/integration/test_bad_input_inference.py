@@ -158,6 +158,9 @@ SUBMIT_CASES = [
     ("stop string of 257 bytes", submission(sampling=sampling(stop=["x" * 257])), INVALID),
     ("stop string outside the vocabulary", submission(sampling=sampling(stop=["€"])), INVALID),
     ("largest seed", submission(sampling=sampling(seed=2**64 - 1)), OK),
+    ("trace ids of every key", submission(trace={"run": "r", "group_id": "g", "sample_id": "s"}), OK),
+    ("trace id under an unknown key", submission(trace={"service": "spoofed"}), INVALID),
+    ("trace id of 129 bytes", submission(trace={"run": "r" * 129}), INVALID),
     (
         "every extreme at once, valid",
         submission(sampling=sampling(temperature=1e-45, top_p=1e-45, top_k=INT32_MAX, seed=0)),

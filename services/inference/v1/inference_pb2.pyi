@@ -17,18 +17,27 @@ class GenerateRequest(_message.Message):
     def __init__(self, submit: _Optional[_Union[Submission, _Mapping]] = ..., cancel: _Optional[_Union[Cancellation, _Mapping]] = ...) -> None: ...
 
 class Submission(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling", "stream_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling", "stream_tokens", "trace")
+    class TraceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
     sampling: _common_pb2.SamplingParams
     stream_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stream_tokens: _Optional[bool] = ...) -> None: ...
+    trace: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stream_tokens: _Optional[bool] = ..., trace: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Cancellation(_message.Message):
     __slots__ = ("request_id",)
