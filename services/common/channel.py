@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import grpc
 from grpc.aio import ClientCallDetails
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipelinerl.common import trace
 from pipelinerl.common.server import channel_options
@@ -192,6 +193,17 @@ class ServiceClient:
 
     async def close(self) -> None:
         await self._channel.close()
+
+    async def serving(self, timeout_s: float = 2.0) -> bool:
+        """Whether the server's grpc.health.v1 says SERVING; False when it cannot be asked."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            response = await stub.Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's HealthStub omits the methods its __init__ sets
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return response.status == health_pb2.HealthCheckResponse.SERVING
 
     async def __aenter__(self) -> Self:
         return self

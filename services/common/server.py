@@ -265,6 +265,19 @@ class GrpcServer:
         log.error("not serving", reason=reason)
         await self._health.enter_graceful_shutdown()  # later status changes are then ignored
 
+    async def set_ready(self, ready: bool, reason: str = "") -> None:
+        """Report the server as a whole (health service `""`) SERVING or NOT_SERVING, for a server
+        that cannot work while a service it needs is away; its named services stay SERVING (it is
+        alive and answers), which is what a liveness probe should ask. Ignored once draining."""
+        if ready:
+            log.info("ready again")
+        else:
+            log.warning("not ready", reason=reason)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self._health.set("", status)
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, refuse new calls, let calls in flight finish within `grace`
         (default `drain_seconds`), cancel the rest, then release resources."""

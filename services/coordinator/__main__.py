@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 
 from pipelinerl.common.channel import ChannelConfig
@@ -19,9 +21,9 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     from pipelinerl.coordinator.journal import Journal
     from pipelinerl.coordinator.membership import Membership
     from pipelinerl.coordinator.pool import InferencePool
+    from pipelinerl.coordinator.reward_pool import PROBE_TIMEOUT_S, RewardPool
     from pipelinerl.coordinator.server import registration
     from pipelinerl.coordinator.submitter import TrainerSubmitter
-    from pipelinerl.reward.client import RewardClient
     from pipelinerl.trainer.client import TrainerClient
 
     def channel(address: str) -> ChannelConfig:
@@ -30,7 +32,14 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         )
 
     journal = Journal(settings.journal_path)
-    reward = RewardClient(channel(settings.reward_address))
+    reward = RewardPool(channel)
+    reward_membership = Membership(
+        reward,
+        static=settings.reward_address,
+        dns=settings.reward_dns,
+        refresh_s=settings.membership_refresh_s,
+        role="reward",
+    )
     trainer = TrainerClient(channel(settings.trainer_address))
     pool = InferencePool(channel, trainer=trainer)
     membership = Membership(
@@ -45,26 +54,50 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
 
     await pool.start()
     await membership.start()
+    await reward.start()
+    await reward_membership.start()
+    with contextlib.suppress(TimeoutError):  # the first health checks: serve knowing whether one is up
+        await asyncio.wait_for(reward.wait_reachable(True), PROBE_TIMEOUT_S)
     submitter.start()
     registry = CollectorRegistry()
     metrics.watch(registry, coordinator.runs, journal.counts, pool)
 
+    follower: list[asyncio.Task[None]] = []
+
+    async def follow_reward() -> None:
+        """Health `""` says NOT_SERVING while no reward replica is up: runs cannot score."""
+        ready = True  # as the server starts
+        while True:
+            await reward.wait_reachable(not ready)
+            ready = not ready
+            await server.set_ready(ready, "no reward replica is reachable")
+
+    async def start_following() -> None:
+        follower.append(asyncio.create_task(follow_reward()))
+
     async def close() -> None:
+        for task in follower:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await coordinator.close()
         await submitter.close()
         await membership.close()
+        await reward_membership.close()
         await pool.close()
         await reward.close()
         await trainer.close()
         journal.close()
 
-    return GrpcServer(
+    server = GrpcServer(
         settings,
         [registration(coordinator, membership)],
+        on_start=[start_following],
         on_drain=[coordinator.close],
         on_close=[close],
         registry=registry,
     )
+    return server
 
 
 def main(argv: list[str]) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from pipelinerl.common.settings import ServiceSettings
 
@@ -32,11 +34,18 @@ class CoordinatorSettings(ServiceSettings):
     """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
     is a member (a Kubernetes headless Service gives one per ready pod)."""
     membership_refresh_s: float = Field(default=5.0, gt=0)
-    """How often DNS names are resolved again and lapsed registrations dropped."""
+    """How often DNS names (`inference_dns`, `reward_dns`) are resolved again and lapsed
+    registrations dropped."""
     inference_lease_s: float = Field(default=15.0, gt=0)
     """How long a registration (RegisterInferenceServer) holds without a renewal."""
-    reward_address: str = "127.0.0.1:50053"
-    """`host:port` of the reward service."""
+    reward_address: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:50053"])
+    """`host:port` of the reward replicas that are always members of the reward pool: one, or
+    several (comma-separated, the flag repeated, or a JSON list); each Score call goes to the
+    least loaded replica that is up, and to another if it fails there. May be empty (`[]`) when
+    `reward_dns` supplies them."""
+    reward_dns: list[str] = Field(default_factory=list)
+    """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
+    is a reward replica (a Kubernetes headless Service gives one per ready pod)."""
     trainer_address: str = "127.0.0.1:50052"
     """`host:port` of the trainer."""
     services_auth_token: str | None = None
@@ -49,3 +58,17 @@ class CoordinatorSettings(ServiceSettings):
     its folder is created if missing."""
     tokenizer: str | None = None
     """Local HF tokenizer directory whose chat template wraps the prompts of file datasets."""
+
+    @field_validator("reward_address", mode="before")
+    @classmethod
+    def _address_list(cls, value: Any) -> Any:
+        """A single `host:port`, as the field once was, or several comma-separated, from a flag,
+        the environment or a file; a JSON list as for any list."""
+        if isinstance(value, str):
+            value = value.strip()
+            return (
+                json.loads(value)
+                if value.startswith("[")
+                else [a.strip() for a in value.split(",") if a.strip()]
+            )
+        return value

@@ -21,9 +21,9 @@ from pipelinerl.coordinator.datasets import open_problems
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
-from pipelinerl.reward.client import RewardClient
 
 log = get_logger(__name__)
 
@@ -65,7 +65,7 @@ class Coordinator:
         self,
         journal: Journal,
         pool: InferencePool,
-        reward: RewardClient,
+        reward: RewardPool,
         submitter: TrainerSubmitter,
         tokenizer: str | None = None,
     ) -> None:

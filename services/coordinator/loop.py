@@ -1,7 +1,7 @@
 """One RL run: prompts become groups of attempts that flow through inference, reward and trainer.
 
     problems ──► group of G attempts (journal: created) ──► InferencePool.generate ×G (dispatched,
-    generated) ──► RewardClient.score (scored) ──► TrainerSubmitter.send ──► trained ──► acked
+    generated) ──► RewardPool.score (scored) ──► TrainerSubmitter.send ──► trained ──► acked
     once the trainer's checkpoint holds it (see submitter.py)
 
 When every group in flight waits on the trainer and no more can start (the budget is spent, the
@@ -31,18 +31,18 @@ from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import FinishReason, Sample
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.tasks import Problem
 from pipelinerl.coordinator.types import Mode, Progress, RunSpec, ServerVersion
 from pipelinerl.inference.types import GenerationRequest
-from pipelinerl.reward.client import RewardClient
 from pipelinerl.reward.types import ScoreItem
 from pipelinerl.trainer.types import Disposition
 
 log = get_logger(__name__)
 
 WINDOW = 256  # samples in the moving averages of reward, correctness and lag
-RETRY_S = 1.0
+SCORE_TIMEOUT_S = 60.0  # per Score call; past it the batch goes to another replica
 STOP_GRACE_S = 10.0
 MAX_FAILURES_IN_A_ROW = 64
 """Attempts refused in a row, none generated between, that fail the run: its spec is one no
@@ -82,7 +82,7 @@ class RunLoop:
         spec: RunSpec,
         journal: Journal,
         pool: InferencePool,
-        reward: RewardClient,
+        reward: RewardPool,
         submitter: TrainerSubmitter,
         problems: Iterator[tuple[int, Problem]],
     ) -> None:
@@ -289,15 +289,8 @@ class RunLoop:
         if not attempts:
             return
         items = [ScoreItem(a.sample_id, group.prompt, a.text, group.answer, group.verifier) for a in attempts]
-        while True:
-            try:
-                results = await self._reward.score(items, timeout_s=60)
-                break
-            except PipelineError as exc:
-                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-                    raise
-                log.warning("reward service unavailable; retrying", error=exc.message)
-                await asyncio.sleep(RETRY_S)
+        # Waits while no replica is up; a batch a replica fails is sent again whole (reward_pool.py).
+        results = await self._reward.score(items, timeout_s=SCORE_TIMEOUT_S)
         scored = []
         for attempt, result in zip(attempts, results, strict=True):
             if result.error is not None or result.reward is None:

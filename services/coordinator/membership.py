@@ -1,4 +1,5 @@
-"""Which inference servers are in the pool, from three sources, any combination:
+"""Which servers are in a pool (the inference servers, the reward replicas), from three sources,
+any combination:
 
     static list (`inference_addresses`) ─┐
     DNS names (`inference_dns`), each    ├─► every `refresh_s`: members = the union ─► pool.add / remove
@@ -7,7 +8,8 @@
 
 A Kubernetes headless Service answers one record per ready pod, so `kubectl scale` changes the
 pool. A name that fails to resolve keeps its last answer (a DNS hiccup removes nobody); a
-registration that says `leaving` is dropped at once.
+registration that says `leaving` is dropped at once. Reward replicas come from the first two
+sources only (`reward_address`, `reward_dns`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,23 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.log import get_logger
-from pipelinerl.coordinator.pool import InferencePool
 
 log = get_logger(__name__)
+
+
+class Pool(Protocol):
+    """What membership changes: `InferencePool`, `RewardPool`."""
+
+    @property
+    def members(self) -> set[str]: ...
+
+    def add(self, address: str) -> None: ...
+
+    def remove(self, address: str) -> None: ...
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -49,13 +62,16 @@ class Membership:
 
     def __init__(
         self,
-        pool: InferencePool,
+        pool: Pool,
         static: Iterable[str] = (),
         dns: Iterable[str] = (),
         refresh_s: float = 5.0,
         lease_s: float = 15.0,
+        role: str = "inference",
     ) -> None:
+        """`role` names the pool's servers in log lines."""
         self._pool = pool
+        self._log = log.bind(role=role)
         self._static = set(static)
         self._dns: dict[str, set[str]] = {name: set() for name in dns}
         self._leases: dict[str, float] = {}
@@ -81,7 +97,7 @@ class Membership:
             self._apply()
             return 0.0
         if address not in self._leases:
-            log.info("inference server registered", server=address, lease_s=self.lease_s)
+            self._log.info("server registered", server=address, lease_s=self.lease_s)
         self._leases[address] = time.monotonic() + self.lease_s
         self._apply()
         return self.lease_s
@@ -92,12 +108,12 @@ class Membership:
             try:
                 self._dns[name] = await resolve(name)
             except OSError as exc:
-                log.warning(
-                    "inference DNS name did not resolve; keeping its last answer", name=name, error=str(exc)
+                self._log.warning(
+                    "DNS name did not resolve; keeping its last answer", name=name, error=str(exc)
                 )
         now = time.monotonic()
         for address in [a for a, until in self._leases.items() if until <= now]:
-            log.warning("inference server lease lapsed", server=address)
+            self._log.warning("server lease lapsed", server=address)
             del self._leases[address]
         self._apply()
 

@@ -64,6 +64,9 @@ class RunSettings(LayeredSettings):
     """Stop early once the mean reward reaches this."""
     inference_servers: int = Field(default=1, ge=1)
     """Inference server processes."""
+    reward_servers: int = Field(default=1, ge=1)
+    """Reward service processes (replicas); the coordinator sends each Score call to the least
+    loaded one, and to another if it fails there."""
     trainer_ranks: int = Field(default=1, ge=1)
     """Trainer processes. Above 1 the trainer runs the DeepSpeed ZeRO backend over that many ranks
     under torchrun (stage from `trainer: {zero: {stage: N}}`, 2 by default)."""

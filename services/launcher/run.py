@@ -1,9 +1,9 @@
 """`pipelinerl run`: every service as its own process on 127.0.0.1, one RL run through the
 coordinator, then everything stopped by its handle.
 
-    reward ─┐
-    trainer ┼─ healthy? ─► inference ×N (follow the trainer) ─► coordinator ─► StartRun
-            │                                                              WatchRun ─► metrics.jsonl
+    reward ×R ─┐
+    trainer ───┴─ healthy? ─► coordinator ─► inference ×N (register, follow the trainer) ─► StartRun
+                                                                          WatchRun ─► metrics.jsonl
     stop: coordinator, inference, trainer, reward (SIGTERM, drain)  ◄── budget, target or Ctrl-C
                                                                          plot.png, summary
 
@@ -159,17 +159,22 @@ async def _start_and_drive(
 
 
 async def start_services(settings: RunSettings, processes: list[ServiceProcess]) -> ServiceProcess:
-    """Start reward, trainer, the coordinator and the inference servers in `settings.run_dir`, each
-    once the ones it needs are healthy; the inference servers join the coordinator's pool by
-    registering (as in a cluster). Returns the coordinator. `processes` receives every handle as it
-    starts, the coordinator last, so that it stops first (the caller stops them, also when this fails
-    half-way)."""
+    """Start the reward replicas, the trainer, the coordinator and the inference servers in
+    `settings.run_dir`, each once the ones it needs are healthy; the inference servers join the
+    coordinator's pool by registering (as in a cluster). Returns the coordinator. `processes`
+    receives every handle as it starts, the coordinator last, so that it stops first (the caller
+    stops them, also when this fails half-way)."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
     ca = settings.client_ca_file
-    processes.append(start_service("reward", "pipelinerl.reward", configs["reward"], run_dir))
+    n = settings.reward_servers
+    rewards = [
+        start_service("reward" if n == 1 else f"reward-{i}", "pipelinerl.reward", configs["reward"], run_dir)
+        for i in range(n)
+    ]
+    processes.extend(rewards)
     trainer = start_service(
         "trainer",
         "pipelinerl.trainer",
@@ -182,7 +187,7 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in processes))
     addresses = {
         "inference_addresses": [],
-        "reward_address": processes[0].address,
+        "reward_address": [r.address for r in rewards],
         "trainer_address": trainer.address,
     }
     coordinator = start_service(

@@ -33,11 +33,15 @@ VALID = RunSpec(
 @pytest.fixture
 async def coordinator_address(tmp_path: Path) -> AsyncIterator[str]:
     limits = (str(MAX_NEW_TOKENS), str(MAX_CONTEXT))
-    async with server_process("fake_inference_server.py", tmp_path, *limits) as (_, port):
-        nowhere = f"127.0.0.1:{free_port()}"  # reward and trainer: a run starts without them
+    async with (
+        server_process("fake_inference_server.py", tmp_path, *limits) as (_, port),
+        # The coordinator serves once a reward replica is up; runs need no trainer to start.
+        server_process("slow_reward_server.py", tmp_path, "0") as (_, reward_port),
+    ):
+        nowhere = f"127.0.0.1:{free_port()}"
         settings = {
             "inference_addresses": [f"127.0.0.1:{port}"],
-            "reward_address": nowhere,
+            "reward_address": f"127.0.0.1:{reward_port}",
             "trainer_address": nowhere,
             "journal_path": str(tmp_path / "journal.sqlite"),
         }
@@ -46,7 +50,7 @@ async def coordinator_address(tmp_path: Path) -> AsyncIterator[str]:
             await service.wait_healthy(60)
             yield service.address
         finally:
-            service.process.kill()  # by handle; its runs wait on a reward service that is not there
+            service.process.kill()  # by handle; its runs wait on a trainer that is not there
             service.process.wait()
 
 

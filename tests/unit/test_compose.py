@@ -57,7 +57,7 @@ def test_every_command_parses_and_every_address_names_a_service_port() -> None:
     ports = {f"{name}:{settings.port}" for name, settings in parsed.items()}
     coordinator = parsed["coordinator"]
     assert isinstance(coordinator, CoordinatorSettings)
-    named = [coordinator.reward_address, coordinator.trainer_address, *coordinator.inference_addresses]
+    named = [*coordinator.reward_address, coordinator.trainer_address, *coordinator.inference_addresses]
     for name, settings in parsed.items():
         if isinstance(settings, InferenceSettings):
             named.append(settings.trainer_address)

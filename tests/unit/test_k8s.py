@@ -140,7 +140,7 @@ def calls(pod: Pod, trainer: TrainerSettings) -> Iterator[tuple[str, str]]:
     s = pod.settings
     if isinstance(s, CoordinatorSettings):
         addresses = [s.trainer_address, *s.inference_addresses, *s.inference_dns]
-        for address in [*addresses, s.reward_address]:
+        for address in [*addresses, *s.reward_address, *s.reward_dns]:
             yield address, "grpc"
     if isinstance(s, InferenceSettings) and s.trainer_address:
         yield s.trainer_address, "grpc"
@@ -201,11 +201,17 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
             for target, port in targets(address, name):
                 assert admits(policies, target.labels, caller.labels, port), f"{caller.labels} -> {address}"
 
-    for dns in coordinator.inference_dns:
+    assert coordinator.inference_dns and coordinator.reward_dns, "pools follow kubectl scale"
+    for dns in [*coordinator.inference_dns, *coordinator.reward_dns]:
         spec = services[dns.rsplit(":", 1)[0]]["spec"]
         assert spec.get("clusterIP") == "None" and not spec["publishNotReadyAddresses"], (
             f"{dns}: not headless"
         )
+    # The coordinator's health `""` says NOT_SERVING while no reward replica is up: its readiness
+    # asks that; its liveness asks its service, SERVING while it works (a restart would not help).
+    container = found["coordinator"].container
+    assert "service" not in container["readinessProbe"]["grpc"]
+    assert container["livenessProbe"]["grpc"]["service"] == "pipelinerl.coordinator.v1.CoordinatorService"
     # Nothing else reaches the services: any other pod, a reward replica included, reaches only
     # the coordinator's port, and every pod's /metrics.
     for source in ({"app": "elsewhere"}, found["reward"].labels):

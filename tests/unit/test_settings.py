@@ -113,3 +113,34 @@ def test_a_field_of_the_run_spec_is_named_by_its_setting() -> None:
     assert setting_name("spec.dataset") == "dataset"
     assert setting_name("spec.sampling.max_new_tokens") == "max_new_tokens"
     assert setting_name("spec.sampling.top_p") == "spec.sampling.top_p"  # no setting of its own
+
+
+def test_reward_addresses_come_as_one_address_a_list_or_a_repeated_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--reward-address host:port` as before, or several replicas: comma-separated, the flag
+    repeated, or a JSON list, from a flag, the environment or a file."""
+    from pipelinerl.coordinator.config import CoordinatorSettings
+
+    def addresses(*flags: str) -> list[str]:
+        return CoordinatorSettings.load(None, list(flags)).reward_address
+
+    assert addresses() == ["127.0.0.1:50053"]
+    assert addresses("--reward-address", "reward:50053") == ["reward:50053"]
+    assert addresses("--reward-address", "a:1,b:2") == ["a:1", "b:2"]
+    assert addresses("--reward-address", "a:1", "--reward-address", "b:2") == ["a:1", "b:2"]
+    assert addresses("--reward-address", '["a:1", "b:2"]') == ["a:1", "b:2"]
+    assert addresses("--reward-address=[]", "--reward-dns", '["reward:50053"]') == []
+    config = tmp_path / "coordinator.yaml"
+    config.write_text("reward_address: 'c:3'\n")
+    assert CoordinatorSettings.load(config).reward_address == ["c:3"]
+    monkeypatch.setenv("PIPELINERL_COORDINATOR_REWARD_ADDRESS", "d:4, e:5")
+    assert CoordinatorSettings.load(config).reward_address == ["d:4", "e:5"]
+    assert CoordinatorSettings.load(None, ["--reward-dns", "reward:50053"]).reward_dns == ["reward:50053"]
+
+
+def test_reward_servers_are_at_least_one(tmp_path: Path) -> None:
+    settings = RunSettings(run_dir=tmp_path, reward_servers=3)
+    assert settings.reward_servers == 3
+    with pytest.raises(ValidationError):
+        RunSettings(run_dir=tmp_path, reward_servers=0)
