@@ -1,6 +1,7 @@
 """Prometheus metrics of the coordinator (`pipelinerl_coordinator_*`, listed in
 docs/observability.md), all read at each scrape (in the event loop): the runs' progress, the
-journal's attempts per state, and the inference pool: each server's version and load, re-dispatches.
+journal's attempts per state, the inference pool (each server's version and load, re-dispatches)
+and the reward pool (each replica's state and load, calls sent again).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from prometheus_client.metrics_core import Metric
 
 from pipelinerl.common.metrics import counters, register_snapshot
 from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.reward_pool import ReplicaState, RewardPool
 from pipelinerl.coordinator.types import RunInfo
 
 PREFIX = "pipelinerl_coordinator"
@@ -43,8 +45,9 @@ def watch(
     runs: Callable[[], list[RunInfo]],
     journal_counts: Callable[[str], dict[str, int]],
     pool: InferencePool,
+    reward: RewardPool,
 ) -> None:
-    """Read the runs, the journal and the inference pool at every scrape."""
+    """Read the runs, the journal and both pools at every scrape."""
 
     def snapshot() -> Iterator[Metric]:
         infos = runs()
@@ -55,8 +58,14 @@ def watch(
         yield from _progress(infos)
         yield from _journal(infos, journal_counts)
         yield from _servers(pool.snapshot())
-        docs = {"redispatches": "Requests run again after their server went away, was busy or aborted them."}
-        yield from counters(PREFIX, docs, {"redispatches": pool.redispatches})
+        yield from _replicas(reward.snapshot())
+        docs = {
+            "redispatches": "Requests run again after their server went away, was busy or aborted them.",
+            "reward_retries": "Score calls sent again to another reward replica after theirs failed them.",
+        }
+        yield from counters(
+            PREFIX, docs, {"redispatches": pool.redispatches, "reward_retries": reward.retries}
+        )
 
     register_snapshot(registry, snapshot)
 
@@ -116,4 +125,22 @@ def _servers(servers: list[tuple[str, int, int]]) -> Iterator[Metric]:
         versions.add_metric([address], version)
         load.add_metric([address], in_flight)
     yield versions
+    yield load
+
+
+def _replicas(replicas: list[ReplicaState]) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        f"{PREFIX}_reward_replica_up",
+        "1 while a reward replica takes Score calls (its health says SERVING, no call failed since).",
+        labels=["replica"],
+    )
+    load = GaugeMetricFamily(
+        f"{PREFIX}_reward_replica_in_flight",
+        "Score calls in flight on each reward replica.",
+        labels=["replica"],
+    )
+    for replica in replicas:
+        up.add_metric([replica.address], float(replica.up))
+        load.add_metric([replica.address], replica.in_flight)
+    yield up
     yield load

@@ -45,7 +45,8 @@ _RETRIED = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 class ReplicaState:
     address: str
     up: bool
-    """Its health said SERVING at the last check, and no call has failed there since."""
+    """It takes Score calls: a member whose health said SERVING at the last check, and where no
+    call has failed since."""
     in_flight: int
     """Score calls it is answering."""
 
@@ -102,7 +103,7 @@ class RewardPool:
         return any(self._usable(r) for r in self._replicas.values())
 
     def snapshot(self) -> list[ReplicaState]:
-        return [ReplicaState(r.address, r.up, r.in_flight) for r in self._replicas.values()]
+        return [ReplicaState(r.address, self._usable(r), r.in_flight) for r in self._replicas.values()]
 
     def add(self, address: str) -> None:
         """Make `address` a member; a replica that is leaving stays, as the same member."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -230,6 +231,11 @@ async def health(address: str, service: str = "") -> int:
         await channel.close()
 
 
+async def metrics(server: GrpcServer) -> str:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    return await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+
+
 async def wait_health(address: str, status: int, timeout_s: float = 10) -> None:
     async def until() -> None:
         while await health(address) != status:
@@ -246,7 +252,7 @@ async def test_the_coordinator_is_not_serving_while_no_reward_replica_is_reachab
     port, nowhere = free_port(), f"127.0.0.1:{free_port()}"
     settings = CoordinatorSettings(
         port=0, inference_addresses=[], reward_address=f"127.0.0.1:{port}", trainer_address=nowhere,
-        journal_path=tmp_path / "journal.sqlite", drain_seconds=0,
+        journal_path=tmp_path / "journal.sqlite", drain_seconds=0, metrics_port=0,
     )  # fmt: skip
     coordinator = await build(settings)
     await coordinator.start()
@@ -254,8 +260,11 @@ async def test_the_coordinator_is_not_serving_while_no_reward_replica_is_reachab
         address = coordinator.address
         await wait_health(address, health_pb2.HealthCheckResponse.NOT_SERVING)
         assert await health(address, SERVICE) == health_pb2.HealthCheckResponse.SERVING  # alive
+        replica = f'replica="127.0.0.1:{port}"'
+        assert f"pipelinerl_coordinator_reward_replica_up{{{replica}}} 0.0" in await metrics(coordinator)
         _, reward = await replicas(Replica("r"), port=port)
         await wait_health(address, health_pb2.HealthCheckResponse.SERVING)
+        assert f"pipelinerl_coordinator_reward_replica_up{{{replica}}} 1.0" in await metrics(coordinator)
         await reward.stop(grace=0)
         await wait_health(address, health_pb2.HealthCheckResponse.NOT_SERVING)
         assert await health(address, SERVICE) == health_pb2.HealthCheckResponse.SERVING
