@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -59,6 +60,12 @@ class _Replica:
     in_flight: int = 0
     sent: int = 0
     """Score calls sent to it; among replicas equally loaded, the one sent fewest goes first."""
+    failures: int = 0
+    """Times in a row it was taken down by a failed call (calls failing together count once)."""
+    held_until: float = 0.0
+    """After a failed call it stays down until then (monotonic clock), whatever its health says:
+    PROBE_S after the first failure, doubling up to MAX_PROBE_S, so that a replica whose health
+    says SERVING but that fails every call is tried less and less often."""
     leaving: bool = False
     """Removed from the pool: takes nothing new, leaves once idle."""
     wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -140,11 +147,17 @@ class RewardPool:
         while True:
             replica = await self._reserve()
             try:
-                return await replica.client.score(items, timeout_s=timeout_s)
+                results = await replica.client.score(items, timeout_s=timeout_s)
+                replica.failures = 0
+                return results
             except PipelineError as exc:
                 if exc.code not in _RETRIED:
                     raise
                 code, why = exc.code, exc.message
+                if replica.up:
+                    replica.failures += 1
+                    hold = min(PROBE_S * 2 ** (replica.failures - 1), MAX_PROBE_S)
+                    replica.held_until = time.monotonic() + hold
                 await self._set_up(replica, False)
             finally:
                 async with self._changed:
@@ -185,13 +198,14 @@ class RewardPool:
 
     async def _watch(self, replica: _Replica) -> None:
         """Ask `replica`'s health every PROBE_S while it is up, backing off to MAX_PROBE_S while it
-        is down; once it has left and is idle, close it."""
+        is down (or held down after a failed call); once it has left and is idle, close it."""
         delay, downs = PROBE_S, 0
         try:
             while not (replica.leaving and replica.in_flight == 0):
                 replica.wake.clear()
                 if not replica.leaving:
-                    up = await replica.client.serving(PROBE_TIMEOUT_S)
+                    serving = await replica.client.serving(PROBE_TIMEOUT_S)
+                    up = serving and time.monotonic() >= replica.held_until
                     await self._set_up(replica, up)
                     downs = 0 if up else downs + 1
                     delay = min(PROBE_S * 2 ** max(downs - 1, 0), MAX_PROBE_S)

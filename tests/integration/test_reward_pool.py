@@ -139,6 +139,20 @@ async def test_a_failed_call_is_sent_whole_to_another_replica_and_read_from_one_
         assert Counter(healthy.scored) == Counter(f"b{i}-{j}" for i in range(4) for j in range(3))
 
 
+async def test_a_lone_replica_failing_every_call_is_tried_less_and_less_until_it_answers(
+    replicas: Start,
+) -> None:
+    broken = Replica("broken")
+    (a, _) = await replicas(broken)
+    broken.fail = True  # its health says SERVING, its Score calls fail
+    async with pool_of(a) as pool:
+        call = asyncio.ensure_future(pool.score(batch("r"), 10))
+        await asyncio.sleep(1.5)  # held down 0.1, 0.2, 0.2, ... s after each failure, plus a check
+        assert not call.done() and 3 <= pool.retries <= 12, pool.retries
+        broken.fail = False
+        assert scored_by(await asyncio.wait_for(call, 5)) == "broken"
+
+
 async def test_a_call_past_its_deadline_on_one_replica_is_answered_by_another(
     replicas: Start,
 ) -> None:
