@@ -75,6 +75,12 @@ def messages(descriptor: Descriptor, depth: int = 2) -> st.SearchStrategy[Messag
     def build(draw: st.DrawFn) -> Message:
         msg = cls()
         for field in descriptor.fields:
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                # a map of scalars, the only kind of map the contracts have
+                key, item = (field.message_type.fields_by_name[name] for name in ("key", "value"))
+                entries = draw(st.dictionaries(_scalar(key), _scalar(item), max_size=4))
+                getattr(msg, field.name).update(entries)
+                continue
             if field.message_type is not None and depth == 0:
                 continue
             value = messages(field.message_type, depth - 1) if field.message_type else _scalar(field)
