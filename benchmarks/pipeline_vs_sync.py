@@ -7,7 +7,13 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
 
     python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--lr 3e-4]
                                           [--dataset builtin:copy:2] [--model tiny]
-                                          [--max-new-tokens 3]
+                                          [--max-new-tokens N] [--conventional-steps 0]
+
+`--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 161 tokens, p99 about
+ten times the median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
+K` (K > 1) adds a third run, the conventional variant the PipelineRL paper compares against: sync
+mode with rounds of K × samples-per-step, each generated with one version and then trained by K
+steps, so its later steps train on samples up to K - 1 versions old (same cores, seed and budget).
 
 Each invocation starts both runs fresh in a folder of its own (`--out`, by default a new
 timestamped folder under runs/pipeline_vs_sync/): a folder that already holds a run is refused,
@@ -19,22 +25,44 @@ pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_re
 final_reward_sync, mean_lag, ess; plus the target, sustained_time_to_reward_ratio (crossings of the
 mean over the last 4,096 samples), final_reward_*_last_8192 (mean over the last 8,192 samples),
 throughput_ceiling (sync wall time × cores / the pipeline's CPU seconds: the most overlap can gain
-on this machine), per-phase trainer timings and CPU seconds per service.
+on this machine), per-phase trainer timings and CPU seconds per service; and, from each run's
+journal and its inference server's counters:
+
+- `length_p50`, `length_p90`, `length_p99`, `length_max`, `length_mean`, `length_p99_over_p50`:
+  completion lengths in tokens (end-of-sequence included) of every attempt the pipeline run
+  generated; `sync_length_mean`, `sync_length_p99_over_p50` the same of the sync run, and
+  `sync_round_length_p99_over_p50` the median over the sync run's rounds of each round's ratio.
+- `occupancy_pipeline`, `occupancy_sync` (`occupancy_conventional`): mean running sequences per
+  decode step of the run's inference server, out of `max_running`; `occupancy_*_by_quarter` the
+  same over each quarter of its decode steps. Sampled every second from the server's
+  `pipelinerl_inference_decode_steps_total` and `pipelinerl_inference_decoded_rows_total`
+  counters (the series is in `<run>/occupancy.jsonl`), so the mean is exact per decode step.
+- `mean_reward_*`: the mean reward of every scored attempt of the run: reward per sample over the
+  same budget.
+- with `--conventional-steps`: `conventional_samples_per_s`, `conventional_time_to_reward_s`,
+  `final_reward_conventional(_last_8192)`, `conventional_mean_lag`, `conventional_round_steps`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import re
+import sqlite3
 import statistics
 import sys
+import threading
 import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 from pipelinerl.common.log import configure_logging, get_logger
+from pipelinerl.inference.config import EngineSettings
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.run import RunResult, launch
 
@@ -80,10 +108,13 @@ def cpu_seconds(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "cpu_seconds.json").read_text())
 
 
-def run(mode: Literal["pipeline", "sync"], args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
-    run_dir = Path(args.out) / mode
+def run(
+    name: Literal["pipeline", "sync", "conventional"], args: argparse.Namespace
+) -> tuple[RunResult, dict[str, float]]:
+    run_dir = Path(args.out) / name
     settings = RunSettings(
-        mode=mode,
+        mode="pipeline" if name == "pipeline" else "sync",
+        round_steps=args.conventional_steps if name == "conventional" else 1,
         run_dir=run_dir,
         dataset=args.dataset,
         model=args.model,
@@ -94,11 +125,133 @@ def run(mode: Literal["pipeline", "sync"], args: argparse.Namespace) -> tuple[Ru
         duration_s=args.max_seconds,
         target_reward=None,
     )
-    log.info("running", mode=mode, samples=args.samples)
-    result = asyncio.run(launch(settings))
-    log.info("done", mode=mode, seconds=round(result.elapsed_s, 1), reward=round(result.final_reward, 3))
+    log.info("running", run=name, samples=args.samples)
+    sampler = OccupancySampler(run_dir)
+    sampler.start()
+    try:
+        result = asyncio.run(launch(settings))
+    finally:
+        sampler.stop()
+    log.info("done", run=name, seconds=round(result.elapsed_s, 1), reward=round(result.final_reward, 3))
     check_run(result, progress_points(result), args.samples)
     return result, trainer_means(run_dir)
+
+
+# ---- completion lengths and batch occupancy ---------------------------------------------------
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values: the smallest value with at least q % at or below it."""
+    rank = max(int(-(-q * len(ordered) // 100)), 1)  # ceil(q/100 × n), at least the first
+    return ordered[rank - 1]
+
+
+def length_figures(lengths: Sequence[int]) -> dict[str, float]:
+    """Median, p90, p99, max, mean and p99/median of completion lengths."""
+    ordered = sorted(lengths)
+    p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
+    return {
+        "p50": p50,
+        "p90": percentile(ordered, 90),
+        "p99": p99,
+        "max": ordered[-1],
+        "mean": round(statistics.fmean(ordered), 2),
+        "p99_over_p50": round(p99 / p50, 2),
+    }
+
+
+def round_spread(lengths: Sequence[int], round_size: int) -> float:
+    """Median over consecutive rounds of `round_size` completions of each round's p99/median."""
+    rounds = [lengths[i : i + round_size] for i in range(0, len(lengths) - round_size + 1, round_size)]
+    return round(statistics.median(length_figures(r)["p99_over_p50"] for r in rounds), 2)
+
+
+def journal_attempts(run_dir: Path) -> list[tuple[int, float | None]]:
+    """(completion tokens, reward) of every generated attempt of the run, in prompt order."""
+    db = sqlite3.connect(f"file:{run_dir / 'journal.sqlite'}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT a.completion, a.reward FROM attempts a JOIN groups g USING (group_id)"
+            " WHERE a.completion IS NOT NULL ORDER BY g.prompt_index, a.sample_id"
+        ).fetchall()
+    finally:
+        db.close()
+    return [(len(json.loads(completion)["token_ids"]), reward) for completion, reward in rows]
+
+
+def occupancy_figures(samples: Sequence[tuple[float, int, int]]) -> dict[str, float | list[float | None]]:
+    """From (seconds, decode steps, decoded rows) counter readings: the mean running sequences per
+    decode step over the whole run, and over each quarter of its time (None: no step in it)."""
+    steps = samples[-1][1] - samples[0][1]
+    if steps <= 0:
+        return {"mean": 0.0, "by_quarter": []}
+    t0, span = samples[0][0], samples[-1][0] - samples[0][0]
+    sums = [[0, 0] for _ in range(4)]  # [steps, rows] of each quarter
+    for (ta, sa, ra), (tb, sb, rb) in itertools.pairwise(samples):
+        quarter = min(int(4 * ((ta + tb) / 2 - t0) / span), 3) if span > 0 else 0
+        sums[quarter][0] += sb - sa
+        sums[quarter][1] += rb - ra
+    quarters = [round(rows / n, 1) if n else None for n, rows in sums]
+    return {"mean": round((samples[-1][2] - samples[0][2]) / steps, 2), "by_quarter": quarters}
+
+
+_COUNTER = re.compile(r"^pipelinerl_inference_(decode_steps|decoded_rows)_total(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def read_counters(text: str) -> tuple[int, int] | None:
+    """(decode steps, decoded rows) summed over a /metrics exposition, None if it has neither."""
+    found = {"decode_steps": 0.0, "decoded_rows": 0.0}
+    matches = _COUNTER.findall(text)
+    for name, value in matches:
+        found[name] += float(value)
+    return (int(found["decode_steps"]), int(found["decoded_rows"])) if matches else None
+
+
+class OccupancySampler(threading.Thread):
+    """Reads the run's inference servers' decode counters once a second (their addresses come from
+    `<run>/prometheus_targets.json` once the services are up) and writes `<run>/occupancy.jsonl`.
+    A scrape costs the server one snapshot of its engine's counters; the thread sleeps between."""
+
+    def __init__(self, run_dir: Path, every_s: float = 1.0) -> None:
+        super().__init__(name="occupancy", daemon=True)
+        self.run_dir = run_dir
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, int]] = []
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        targets: list[str] = []
+        while not self._stopped.wait(self.every_s):
+            if not targets:
+                targets = self._targets()
+                continue
+            texts = []
+            for target in targets:
+                try:
+                    with urllib.request.urlopen(f"http://{target}/metrics", timeout=2) as response:
+                        texts.append(response.read().decode())
+                except OSError:  # the run is stopping: keep what was read
+                    break
+            else:
+                counters = read_counters("\n".join(texts))
+                if counters is not None:
+                    self.samples.append((round(time.monotonic() - started, 2), *counters))
+
+    def _targets(self) -> list[str]:
+        path = self.run_dir / "prometheus_targets.json"
+        if not path.is_file():
+            return []
+        entries = json.loads(path.read_text())
+        return [t for e in entries if e["labels"]["job"] == "inference" for t in e["targets"]]
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+        if self.run_dir.is_dir():
+            keys = ("elapsed_s", "decode_steps", "decoded_rows")
+            lines = [json.dumps(dict(zip(keys, s, strict=True))) + "\n" for s in self.samples]
+            (self.run_dir / "occupancy.jsonl").write_text("".join(lines))
 
 
 def progress_points(result: RunResult) -> list[dict[str, float]]:
@@ -136,6 +289,37 @@ def throughput_ceiling(out: Path, sync_seconds: float) -> float:
     return sync_seconds * len(os.sched_getaffinity(0)) / sum(cpu_seconds(out / "pipeline").values())
 
 
+def long_tail_figures(out: Path, args: argparse.Namespace, conventional: bool) -> dict[str, object]:
+    """Completion lengths, batch occupancy and reward per sample of each run (see the docstring)."""
+    runs = ["pipeline", "sync", *(["conventional"] if conventional else [])]
+    attempts = {name: journal_attempts(out / name) for name in runs}
+    lengths = {name: [n for n, _ in rows] for name, rows in attempts.items()}
+    pipeline, sync = length_figures(lengths["pipeline"]), length_figures(lengths["sync"])
+    figures: dict[str, object] = {f"length_{key}": value for key, value in pipeline.items()}
+    figures |= {
+        "sync_length_mean": sync["mean"],
+        "sync_length_p99_over_p50": sync["p99_over_p50"],
+        "sync_round_length_p99_over_p50": round_spread(
+            lengths["sync"], RunSettings.model_fields["samples_per_step"].default
+        ),
+        "max_running": EngineSettings.model_fields["max_running"].default,
+    }
+    for name in runs:
+        occupancy = occupancy_figures(read_occupancy(out / name))
+        figures[f"occupancy_{name}"] = occupancy["mean"]
+        figures[f"occupancy_{name}_by_quarter"] = occupancy["by_quarter"]
+        rewards = [r for _, r in attempts[name] if r is not None]
+        figures[f"mean_reward_{name}"] = round(statistics.fmean(rewards), 3) if rewards else None
+    return figures
+
+
+def read_occupancy(run_dir: Path) -> list[tuple[float, int, int]]:
+    path = run_dir / "occupancy.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    samples = [(line["elapsed_s"], line["decode_steps"], line["decoded_rows"]) for line in lines]
+    return samples or [(0.0, 0, 0)]
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
@@ -146,19 +330,32 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.6, help="reward for time-to-reward")
     parser.add_argument("--dataset", default="builtin:copy:2")
     parser.add_argument("--model", default=RunSettings.model_fields["model"].default)
-    defaults = RunSettings.model_fields
-    parser.add_argument("--max-new-tokens", type=int, default=defaults["max_new_tokens"].default)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: what the dataset needs (its longest answer)",
+    )
+    parser.add_argument(
+        "--conventional-steps",
+        type=int,
+        default=0,
+        help="K > 1 adds the conventional run (K steps per round)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=RunSettings.model_fields["lr"].default)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
     parser.add_argument("--out", default=None, help="a new folder (default: runs/pipeline_vs_sync/<time>)")
     args = parser.parse_args()
+    if args.conventional_steps == 1 or args.conventional_steps < 0:
+        parser.error("--conventional-steps must be 0 (no conventional run) or at least 2")
     args.out = args.out or f"runs/pipeline_vs_sync/{time.strftime('%Y%m%d-%H%M%S')}"
     configure_logging("benchmark", "console", "info")
     try:
         fresh_folder(Path(args.out))
         pipeline, pipeline_trainer = run("pipeline", args)
         sync, sync_trainer = run("sync", args)
+        conventional = run("conventional", args)[0] if args.conventional_steps else None
     except NoFigures as exc:
         print(f"error: {exc}; no figures", file=sys.stderr)
         return 1
@@ -186,7 +383,9 @@ def main() -> int:
         "lr": args.lr,
         "dataset": args.dataset,
         "model": args.model,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": RunSettings(
+            dataset=args.dataset, max_new_tokens=args.max_new_tokens
+        ).completion_tokens,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
         "pipeline_trainer_wait_s": round(pipeline_trainer["wait_s"], 4),
@@ -196,7 +395,18 @@ def main() -> int:
         # Where the CPU went: seconds of CPU per service over each run (two cores available).
         "pipeline_cpu_s": cpu_seconds(Path(args.out) / "pipeline"),
         "sync_cpu_s": cpu_seconds(Path(args.out) / "sync"),
+        **long_tail_figures(Path(args.out), args, conventional is not None),
     }
+    if conventional is not None:
+        figures |= {
+            "conventional_round_steps": args.conventional_steps,
+            "conventional_samples_per_s": round(conventional.samples_per_s, 1),
+            "conventional_time_to_reward_s": time_to(conventional, args.target),
+            "final_reward_conventional": round(conventional.final_reward, 3),
+            "final_reward_conventional_last_8192": round(final_mean(conventional), 3),
+            "conventional_mean_lag": round(conventional.mean_lag, 2),
+            "conventional_seconds": round(conventional.elapsed_s, 1),
+        }
     print(json.dumps(figures))
     return 0
 

@@ -14,6 +14,9 @@ Pipeline mode keeps up to `max_in_flight` attempts moving at once, so generation
 training: weights change under running generations. Sync mode is the conventional baseline on
 the same services: a round of `max_in_flight` attempts is generated with one weight version,
 scored, trained on, and the next round starts only once every inference server has the new version.
+A round reaches the trainer only once all of it is scored, so a round of several steps' samples (the
+conventional variant: `max_in_flight` a multiple of the trainer's samples per step) is generated
+with one version and then trained by several steps in a row, its later steps on older samples.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class RunLoop:
         self._failure: BaseException | None = None
         self._dispatch_ended = False
         self._failures_in_a_row = 0
+        self._round: set[str] = set()  # sync mode: groups of this round not yet scored
+        self._round_scored = asyncio.Event()
+        self._round_scored.set()
         self.stopping = False
 
     # ---- progress -----------------------------------------------------------------------------
@@ -206,6 +212,9 @@ class RunLoop:
             groups.append(group)
         self._in_flight += sum(len(g.attempts) for g in groups)
         self._groups += len(groups)
+        self._round = {g.group_id for g in groups}
+        self._round_scored.clear()
+        self._leave_round(None)  # an empty round is scored already
         self._dispatch_ended = True  # for this round: its groups are all there will be
         await asyncio.gather(*(self._run_group(g) for g in groups))
         self._dispatch_ended = False
@@ -246,13 +255,21 @@ class RunLoop:
             await asyncio.gather(*(self._generate(group, a) for a in pending))
             usable = [a for a in group.attempts if a.completion is not None and a.state != "acked"]
             await self._score(group, [a for a in usable if a.state == "generated"])
+            self._leave_round(group.group_id)
+            await self._round_scored.wait()
             await self._train(group, [a for a in usable if a.state == "scored"])
         except Exception as exc:  # unexpected: stop dispatching and fail the run with it
             log.exception("group failed", group_id=group.group_id)
             self._failure = self._failure or exc
             self.stopping = True
         finally:
+            self._leave_round(group.group_id)  # a failed or cancelled group holds up no other
             await self._release(len(group.attempts))
+
+    def _leave_round(self, group_id: str | None) -> None:
+        self._round.discard(group_id or "")
+        if not self._round:
+            self._round_scored.set()
 
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
         bind_context(sample_id=attempt.sample_id)

@@ -79,6 +79,10 @@ class SchedulerStats:
     """Since the engine started."""
     tokens_per_s: float
     """Tokens generated over the compute time of the last steps."""
+    decode_steps: int
+    """Decode forwards since the engine started."""
+    decoded_rows: int
+    """Running sequences summed over those forwards: over `decode_steps`, the mean batch occupancy."""
     last_swap_s: float
     """How long the last weight swap held up decoding (the copy into the parameters)."""
 
@@ -115,6 +119,8 @@ class InferenceEngine:
         self._staged: dict[str, torch.Tensor] = {}
         self._staged_version: int | None = None
         self._generated = 0
+        self._decode_steps = 0
+        self._decoded_rows = 0
         self._recent_steps: deque[tuple[int, float]] = deque(maxlen=64)
         self._last_swap_s = 0.0
 
@@ -189,6 +195,8 @@ class InferenceEngine:
             weight_version=self._version,
             generated_tokens=self._generated,
             tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+            decode_steps=self._decode_steps,
+            decoded_rows=self._decoded_rows,
             last_swap_s=self._last_swap_s,
         )
 
@@ -200,6 +208,8 @@ class InferenceEngine:
         self._swap_staged_weights()
         outputs = self._apply_aborts()
         if self._running:
+            self._decode_steps += 1
+            self._decoded_rows += len(self._running)
             self._isolated(self._decode, list(range(len(self._running))))
         newcomers = self._admit()
         if newcomers:

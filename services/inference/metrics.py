@@ -38,6 +38,10 @@ COUNTERS = {
     "weight_verification_failures": "Received buckets or chunks that failed their checksum.",
     "weight_fetch_fallbacks": "Versions fetched after their broadcast or CUDA IPC hand-off failed.",
 }
+BATCH_COUNTERS = {
+    "decode_steps": "Decode steps (one forward over the running batch each); built-in engine only.",
+    "decoded_rows": "Running sequences summed over the decode steps (over decode_steps: the mean occupancy).",
+}
 
 
 class InferenceMetrics:
@@ -88,6 +92,9 @@ class InferenceMetrics:
                     "weight_version": status.weight_version.version,
                 },
             )
+            if status.decode_steps is not None and status.decoded_rows is not None:
+                steps = {"decode_steps": status.decode_steps, "decoded_rows": status.decoded_rows}
+                yield from counters(PREFIX, BATCH_COUNTERS, steps)
             if receiver is not None:
                 yield from _receiver_counters(receiver)
 

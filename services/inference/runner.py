@@ -128,6 +128,8 @@ class EngineRunner:
             failed_weight_updates=self.receiver.stats.failed_updates if self.receiver else 0,
             engine="builtin",
             model_info=self.model_info,
+            decode_steps=stats.decode_steps,
+            decoded_rows=stats.decoded_rows,
         )
 
     def _run(self) -> None:

@@ -80,6 +80,10 @@ class InferenceStatus:
     failed_weight_updates: int
     engine: str
     model_info: ModelInfo
+    decode_steps: int | None = None
+    """Decode forwards since the engine started; None where the engine does not count them (vLLM)."""
+    decoded_rows: int | None = None
+    """Running sequences summed over those forwards (per step: the batch occupancy)."""
 
 
 class InferenceBackend(Protocol):

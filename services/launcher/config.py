@@ -18,6 +18,7 @@ from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import LayeredSettings, ServiceSettings
 from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.coordinator.tasks import max_new_tokens
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
 from pipelinerl.trainer.config import TrainerSettings
@@ -39,7 +40,8 @@ class RunSettings(LayeredSettings):
     """Where logs, the journal, checkpoints, metrics.jsonl and plot.png go (a new folder per run by
     default; pointing at an existing one resumes its run from the journal and checkpoint)."""
     dataset: str = "builtin:copy:2"
-    """`builtin:<copy|reverse|sort>[:<digits>]` or a local JSONL/parquet file."""
+    """`builtin:<copy|reverse|sort>[:<digits>]`, `builtin:repeat[:<largest count>]` (long-tail
+    completion lengths) or a local JSONL/parquet file."""
     model: str = "tiny"
     """Preset name or local HF directory, for the trainer and every inference server."""
     seed: int = 0
@@ -50,8 +52,15 @@ class RunSettings(LayeredSettings):
     """Samples per optimizer step (one new weight version each); in sync mode also the round size."""
     max_in_flight: int = Field(default=256, ge=2)
     """Attempts dispatched and not yet acknowledged by the trainer (pipeline mode)."""
-    max_new_tokens: int = Field(default=3, ge=1)
-    """Tokens per completion (the built-in task's answer plus end-of-sequence)."""
+    round_steps: int = Field(default=1, ge=1)
+    """Sync mode: optimizer steps per generation round. 1 is the synchronous baseline (a round of
+    `samples_per_step`, trained by one step on the version that generated it). Above 1 it is the
+    conventional variant the PipelineRL paper compares against: a round of `round_steps ×
+    samples_per_step` generated with one version, then as many steps, the later ones on samples
+    1 to `round_steps - 1` versions old (keep it within the trainer's `max_lag` + 1)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Most tokens per completion. Unset: a built-in task's longest answer plus end-of-sequence
+    (3 for `builtin:copy:2`, 129 for `builtin:repeat`), and 3 for a file."""
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature."""
     lr: float = Field(default=3e-4, gt=0)
@@ -112,6 +121,13 @@ class RunSettings(LayeredSettings):
         if self.tls_ca_file is not None and self.tls_cert_file is None and self.coordinator_address is None:
             raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file, or coordinator_address")
         return self
+
+    @property
+    def completion_tokens(self) -> int:
+        """`max_new_tokens`, or what the dataset needs when it is unset."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return max_new_tokens(self.dataset) if self.dataset.startswith("builtin:") else 3
 
     @property
     def client_ca_file(self) -> Path | None:

@@ -220,14 +220,18 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
 
 
 def _spec(settings: RunSettings) -> RunSpec:
-    sampling = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
+    sampling = SamplingParams(max_new_tokens=settings.completion_tokens, temperature=settings.temperature)
     return RunSpec(
         dataset=settings.dataset,
         group_size=settings.group_size,
         max_samples=settings.max_samples,
         sampling=sampling,
         mode=Mode(settings.mode),
-        max_in_flight=settings.samples_per_step if settings.mode == "sync" else settings.max_in_flight,
+        max_in_flight=(
+            settings.samples_per_step * settings.round_steps
+            if settings.mode == "sync"
+            else settings.max_in_flight
+        ),
         seed=settings.seed,
     )
 

@@ -197,6 +197,28 @@ class DigitsVerifier(Verifier):
         return matches / max(len(gold), len(predicted)), f"{matches}/{len(gold)} digits match"
 
 
+class StrictDigitsVerifier(Verifier):
+    name = "digits_strict"
+    description = (
+        "As `digits`, but every character of the final answer counts toward its length: the matching "
+        "digits over the longer of the gold digits and the whole final answer (1.0 only for an exact match)."
+    )
+
+    def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str]:
+        gold = answer.strip()
+        if not gold.isdecimal():
+            raise BadAnswer(f"the gold answer {_clip(answer)!r} is not a string of digits")
+        stated = final_answer(completion)
+        predicted = re.sub(r"\D", "", stated)
+        # The digits align as in `digits`, so a policy that writes the right digits among others
+        # still earns credit, but the others lengthen the answer: filler costs as much as a wrong
+        # digit, and a completion is only as long as its answer once the credit is all earned.
+        matches = sum(a == b for a, b in zip(gold, predicted, strict=False))
+        return matches / max(
+            len(gold), len(stated)
+        ), f"{matches}/{len(gold)} digits match, {len(stated)} characters"
+
+
 class FormatVerifier(Verifier):
     name = "format"
     description = "1.0 when the completion matches the configured regex (by default a \\boxed{} answer)."
@@ -237,7 +259,15 @@ class PythonVerifier(Verifier):
 
 VERIFIERS: dict[str, type[Verifier]] = {
     cls.name: cls
-    for cls in (MathVerifier, ExactVerifier, NumericVerifier, DigitsVerifier, FormatVerifier, PythonVerifier)
+    for cls in (
+        MathVerifier,
+        ExactVerifier,
+        NumericVerifier,
+        DigitsVerifier,
+        StrictDigitsVerifier,
+        FormatVerifier,
+        PythonVerifier,
+    )
 }
 
 

@@ -135,7 +135,7 @@ async def test_a_malformed_batch_fails_as_a_whole(scorer: Scorer, sample_ids: li
 
 def test_lists_the_configured_verifiers(scorer: Scorer) -> None:
     names = [info.name for info in scorer.list_verifiers()]
-    assert names == ["digits", "exact", "format", "math", "numeric", "python"]
+    assert names == ["digits", "digits_strict", "exact", "format", "math", "numeric", "python"]
 
 
 def test_a_verifier_that_cannot_load_fails_at_start(tmp_path: Path) -> None:

@@ -196,6 +196,7 @@ def test_spec_rejects_bad_settings(settings: dict) -> None:
 def test_python_is_listed_only_when_configured() -> None:
     assert [info.name for info in describe_verifiers(RewardSpec())] == [
         "digits",
+        "digits_strict",
         "exact",
         "format",
         "math",

@@ -1,0 +1,114 @@
+"""`benchmarks/pipeline_vs_sync.py`'s long-tail figures, computed from small recorded inputs: the
+completion length distribution from a journal, and the batch occupancy from decode counters."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.pipeline_vs_sync import (
+    OccupancySampler,
+    journal_attempts,
+    length_figures,
+    occupancy_figures,
+    read_counters,
+    read_occupancy,
+    round_spread,
+)
+from pipelinerl.common.types import FinishReason, TokenSequence
+from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+
+
+def test_length_figures_are_nearest_rank_percentiles() -> None:
+    lengths = [2] * 50 + [10] * 40 + [100] * 9 + [161]  # 100 completions
+    assert length_figures(lengths) == {
+        "p50": 2, "p90": 10, "p99": 100, "max": 161, "mean": 15.61, "p99_over_p50": 50.0,
+    }  # fmt: skip
+    assert length_figures([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7, "mean": 7, "p99_over_p50": 1.0}
+
+
+def test_round_spread_is_the_median_of_each_rounds_ratio() -> None:
+    rounds = [[1, 1, 1, 8], [2, 2, 2, 2], [1, 1, 4, 4], [5]]  # the last, incomplete, is left out
+    assert round_spread([n for r in rounds for n in r], round_size=4) == 4.0  # ratios 8, 1, 4
+
+
+def test_lengths_and_rewards_come_from_the_journal(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sqlite")
+    journal.create_run("r", {"dataset": "builtin:repeat"})
+    for index, (length, reward) in enumerate([(3, 1.0), (41, 0.5), (161, None)]):
+        attempts = [AttemptRecord(f"r-p{index}-a0", "created"), AttemptRecord(f"r-p{index}-a1", "created")]
+        journal.add_group("r", GroupRecord(f"r-p{index}", index, "7x2=", "77", "digits", attempts))
+        tokens = TokenSequence([5] * length, [-0.1] * length, [0] * length)
+        journal.mark_generated(f"r-p{index}-a0", [1], tokens, "7", FinishReason.STOP, "127.0.0.1:1")
+        if reward is not None:
+            journal.mark_scored([(f"r-p{index}-a0", reward, reward == 1.0)])
+    journal.close()
+    # the attempts never generated (a1 of each group) are not completions
+    assert journal_attempts(tmp_path) == [(3, 1.0), (41, 0.5), (161, None)]
+
+
+def test_occupancy_is_rows_over_steps_per_decode_step_not_per_second() -> None:
+    # (seconds, decode steps, decoded rows) read each second: 100 steps of 64 rows a second for
+    # 4 s, then a round's tail, 25 steps of 4 rows a second for 4 s. The batch was full half the
+    # time, but in 400 of the 500 steps: the mean per step is (400 × 64 + 100 × 4) / 500 = 52 rows.
+    samples = [(float(t), 100 * t, 6400 * t) for t in range(5)]
+    samples += [(4.0 + t, 400 + 25 * t, 25600 + 100 * t) for t in range(1, 5)]
+    figures = occupancy_figures(samples)
+    assert figures["mean"] == 52.0
+    assert figures["by_quarter"] == [64.0, 64.0, 4.0, 4.0]
+    assert occupancy_figures([(0.0, 0, 0)]) == {"mean": 0.0, "by_quarter": []}
+    assert occupancy_figures([(0.0, 0, 0), (1.0, 0, 0)])["mean"] == 0.0  # no step: an idle server
+
+
+EXPOSITION = """# HELP pipelinerl_inference_decode_steps_total Decode steps.
+# TYPE pipelinerl_inference_decode_steps_total counter
+pipelinerl_inference_decode_steps_total 120.0
+pipelinerl_inference_decoded_rows_total 3000.0
+pipelinerl_inference_generated_tokens_total 2999.0
+"""
+
+
+def test_counters_are_read_from_an_exposition() -> None:
+    assert read_counters(EXPOSITION) == (120, 3000)
+    assert read_counters("pipelinerl_inference_running_sequences 3.0\n") is None
+
+
+def test_the_sampler_reads_the_run_inference_servers_and_writes_its_series(tmp_path: Path) -> None:
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = EXPOSITION.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sampler = OccupancySampler(tmp_path, every_s=0.05)
+        sampler.start()
+        targets = f'[{{"targets": ["127.0.0.1:{server.server_port}"], "labels": {{"job": "inference"}}}}]'
+        (tmp_path / "prometheus_targets.json").write_text(targets)
+        deadline = time.monotonic() + 10
+        while len(sampler.samples) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sampler.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+    recorded = read_occupancy(tmp_path)
+    assert len(recorded) >= 2 and {(steps, rows) for _, steps, rows in recorded} == {(120, 3000)}
+
+
+@pytest.mark.parametrize("missing", [True, False])
+def test_a_run_without_counters_reads_as_no_steps(tmp_path: Path, missing: bool) -> None:
+    if not missing:
+        (tmp_path / "occupancy.jsonl").write_text("")
+    assert occupancy_figures(read_occupancy(tmp_path))["mean"] == 0.0
