@@ -1,0 +1,158 @@
+"""The method without the services: one process samples a batch with HF `generate`, scores it with
+the reward service's verifier, and takes one optimizer step with the trainer's own learner (same
+advantages, loss and optimizer) — the simple synchronous trainer that the services must beat, and
+a fast bench for comparing the method's defaults over seeds (its curves are in samples, so a busy
+machine changes its speed, not its figures).
+
+    python benchmarks/single_process.py [--dataset builtin:copy:2] [--samples 40960] [--seed 0]
+        [--lag 0] [--lr 3e-4] [--temperature 1.0] [--learner '{"loss": {"entropy_coef": 0.01}}']
+
+`--lag 1` samples each batch with the weights of one optimizer step before the learner's, as a
+pipeline whose inference trails the trainer by one version does.
+
+Ends with one JSON line: samples_per_s, reward_last_8192 (mean reward over the last 8,192
+samples), samples_to_target (samples trained when the mean reward over the last 1,024 first
+reached --target; null if never), zero_variance_fraction and entropy (means over the last 8,192
+samples' steps), and the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import statistics
+import time
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipelinerl.common.log import configure_logging
+from pipelinerl.common.model import build_preset
+from pipelinerl.common.types import FinishReason, Sample, TokenSequence
+from pipelinerl.coordinator.tasks import builtin_problems, parse_builtin
+from pipelinerl.reward.verifiers import DigitsVerifier
+from pipelinerl.trainer.config import LearnerConfig
+from pipelinerl.trainer.learner import TorchLearner
+
+WINDOW, FINAL = 1024, 8192
+
+
+def sample_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    group: int,
+    max_new: int,
+    temperature: float,
+) -> list[tuple[list[int], TokenSequence, FinishReason]]:
+    """`group` completions of each prompt: (prompt ids, completion with logprobs, finish reason)."""
+    rows = [tokenizer(p)["input_ids"] for p in prompts for _ in range(group)]
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        out = model.generate(  # pyright: ignore[reportCallIssue]  # its causal LMs are GenerationMixins
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+            max_new_tokens=max_new, output_scores=True, return_dict_in_generate=True, pad_token_id=pad,
+        )  # fmt: skip
+        # logprobs of the sampled tokens under the tempered distribution, as the inference server reports
+        logprobs = model.compute_transition_scores(  # pyright: ignore[reportCallIssue]
+            out.sequences, out.scores, normalize_logits=True
+        )
+    results = []
+    for row, prompt in enumerate(rows):
+        tokens, lps, reason = [], [], FinishReason.LENGTH
+        for token, lp in zip(out.sequences[row, width:].tolist(), logprobs[row].tolist(), strict=True):
+            tokens.append(token)
+            lps.append(lp)
+            if token == tokenizer.eos_token_id:
+                reason = FinishReason.STOP
+                break
+        results.append((prompt, TokenSequence(tokens, lps, [0] * len(tokens)), reason))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", default="builtin:copy:2")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--samples", type=int, default=40960)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--samples-per-step", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--learner", default="{}", help="LearnerConfig fields over the run's, as JSON")
+    parser.add_argument("--lag", type=int, default=0, help="optimizer steps the sampling weights trail by")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    configure_logging("benchmark", level="warning")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    loaded = build_preset(args.model, seed=args.seed)
+    overrides = {"lr": args.lr, "temperature": args.temperature, "advantages": {"skip_zero_variance": False}}
+    config = LearnerConfig.model_validate({**overrides, **json.loads(args.learner)})
+    learner = TorchLearner(loaded.model, config, tokenizer=loaded.tokenizer)
+    sampler = copy.deepcopy(loaded.model).eval()
+    behind: collections.deque[dict[str, torch.Tensor]] = collections.deque()
+    task, digits = parse_builtin(args.dataset)
+    problems = builtin_problems(task, digits, args.seed)
+    verifier = DigitsVerifier()
+    groups_per_step = args.samples_per_step // args.group_size
+
+    rewards: list[float] = []
+    steps: list[tuple[int, float, float | None]] = []  # (samples so far, zero-variance fraction, entropy)
+    reached: int | None = None
+    started = time.perf_counter()
+    for version in range(args.samples // (groups_per_step * args.group_size)):
+        batch = [next(problems) for _ in range(groups_per_step)]
+        prompts = [p.prompt for p in batch]
+        rollouts = sample_batch(sampler, loaded.tokenizer, prompts, args.group_size, args.max_new_tokens,
+                                args.temperature)  # fmt: skip
+        samples = []
+        for i, (prompt_ids, tokens, reason) in enumerate(rollouts):
+            problem = batch[i // args.group_size]
+            tokens = TokenSequence(
+                tokens.token_ids, tokens.logprobs, [max(version - args.lag, 0)] * len(tokens)
+            )
+            text = str(loaded.tokenizer.decode(tokens.token_ids, skip_special_tokens=True))
+            reward, _ = verifier.score(problem.prompt, text, problem.answer)
+            rewards.append(reward)
+            samples.append(Sample(f"{version}-{i}", f"{version}-{i // args.group_size}", prompt_ids, tokens,
+                                  reward, reason, args.group_size))  # fmt: skip
+        metrics = learner.step(samples, version)
+        steps.append((len(rewards), metrics.zero_variance_groups / metrics.groups, metrics.entropy))
+        if reached is None and len(rewards) >= WINDOW and statistics.fmean(rewards[-WINDOW:]) >= args.target:
+            reached = len(rewards)
+        # the sampler takes the learner's weights `lag` steps late
+        behind.append({k: v.detach().clone() for k, v in learner.model.state_dict().items()})
+        if len(behind) > args.lag:
+            sampler.load_state_dict(behind.popleft())
+        if version % 20 == 0:
+            print(f"{len(rewards):>7} samples  reward {statistics.fmean(rewards[-WINDOW:]):.3f}  "
+                  f"zero-var {steps[-1][1]:.2f}  entropy {metrics.entropy or 0:.3f}", flush=True)  # fmt: skip
+    elapsed = time.perf_counter() - started
+    final = [s for s in steps if s[0] > len(rewards) - FINAL]
+    entropies = [s[2] for s in final if s[2] is not None]
+    print(json.dumps({
+        "samples_per_s": round(len(rewards) / elapsed, 1),
+        "reward_last_8192": round(statistics.fmean(rewards[-FINAL:]), 4),
+        "samples_to_target": reached,
+        "zero_variance_fraction": round(statistics.fmean(s[1] for s in final), 3),
+        "entropy": round(statistics.fmean(entropies), 4) if entropies else None,
+        "target": args.target, "seed": args.seed, "lag": args.lag, "dataset": args.dataset,
+        "learner": config.model_dump(mode="json", exclude_defaults=True),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
