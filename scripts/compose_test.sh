@@ -185,7 +185,7 @@ scrape() {
     'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9100/metrics", timeout=10).read().decode())'
 }
 series=""
-for service in reward trainer inference-0 coordinator; do
+for service in reward-0 reward-1 trainer inference-0 coordinator; do
   text=$(scrape "$service") || fail "$service serves no /metrics"
   role=${service%-[0-9]}
   count=$(grep -c "^pipelinerl_${role}_" <<<"$text") || fail "$service: no pipelinerl_${role}_* series"
