@@ -86,6 +86,8 @@ def progress_to_proto(p: Progress) -> pb.Progress:
         servers=[
             pb.ServerVersion(address=s.address, version=s.version, in_flight=s.in_flight) for s in p.servers
         ],
+        zero_variance_fraction=p.zero_variance_fraction,
+        entropy=p.entropy,
     )
 
 
@@ -102,6 +104,8 @@ def progress_from_proto(msg: pb.Progress) -> Progress:
         lag_mean=msg.lag_mean,
         trainer_version=msg.trainer_version,
         servers=tuple(ServerVersion(s.address, s.version, s.in_flight) for s in msg.servers),
+        zero_variance_fraction=msg.zero_variance_fraction,
+        entropy=msg.entropy,
     )
 
 

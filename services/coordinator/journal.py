@@ -145,11 +145,15 @@ class Journal:
                 (group.prompt_index + 1, run_id),
             )
 
-    def mark_dispatched(self, sample_id: str) -> None:
-        self._db.execute(
-            "UPDATE attempts SET state = 'dispatched', updated_at = ? WHERE sample_id = ?",
-            (time.time(), sample_id),
-        )
+    def mark_dispatched(self, sample_ids: Sequence[str]) -> None:
+        """The attempts of a group about to be sent to inference, in one transaction."""
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE attempts SET state = 'dispatched', updated_at = ? WHERE sample_id = ?",
+                [(now, sample_id) for sample_id in sample_ids],
+            )
 
     def mark_generated(
         self,
@@ -196,13 +200,23 @@ class Journal:
             (disposition, version, time.time(), sample_id),
         )
 
-    def mark_trained(self, sample_id: str, version: int) -> None:
-        """TRAINED in the step that produced `version`, not yet in a trainer checkpoint."""
-        self._db.execute(
-            "UPDATE attempts SET state = 'trained', disposition = 'trained', version = ?, updated_at = ?"
-            " WHERE sample_id = ?",
-            (version, time.time(), sample_id),
-        )
+    def mark_acks(self, trained: Sequence[tuple[str, int]], final: Sequence[tuple[str, str, int]]) -> None:
+        """The trainer's final acks of one response, in one transaction. `trained` (sample id, version
+        of its step): TRAINED or DUPLICATE, not in a trainer checkpoint yet (`mark_durable` makes
+        them final); `final` (sample id, disposition, version): as `mark_acked`."""
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE attempts SET state = 'trained', disposition = 'trained', version = ?, updated_at = ?"
+                " WHERE sample_id = ?",
+                [(version, now, sample_id) for sample_id, version in trained],
+            )
+            self._db.executemany(
+                "UPDATE attempts SET state = 'acked', disposition = ?, version = ?, updated_at = ?"
+                " WHERE sample_id = ?",
+                [(disposition, version, now, sample_id) for sample_id, disposition, version in final],
+            )
 
     def mark_durable(self, sample_ids: Sequence[str]) -> None:
         """These trained attempts are in a trainer checkpoint: final."""

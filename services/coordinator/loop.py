@@ -40,11 +40,13 @@ from pipelinerl.coordinator.tasks import Problem
 from pipelinerl.coordinator.types import Mode, Progress, RunSpec, ServerVersion
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.reward.types import ScoreItem
+from pipelinerl.trainer.advantages import all_equal
 from pipelinerl.trainer.types import Disposition
 
 log = get_logger(__name__)
 
-WINDOW = 256  # samples in the moving averages of reward, correctness and lag
+WINDOW = 256  # samples in the moving averages of reward, correctness, lag and entropy
+GROUP_WINDOW = 32  # groups in the moving zero-variance fraction
 SCORE_TIMEOUT_S = 60.0  # per Score call; past it the batch goes to another replica
 STOP_GRACE_S = 10.0
 MAX_FAILURES_IN_A_ROW = 64
@@ -100,6 +102,8 @@ class RunLoop:
         self._rewards: deque[float] = deque(maxlen=WINDOW)
         self._correct: deque[bool] = deque(maxlen=WINDOW)
         self._lags: deque[float] = deque(maxlen=WINDOW)
+        self._surprisal: deque[float] = deque(maxlen=WINDOW)  # mean -logprob per token, per attempt
+        self._flat: deque[bool] = deque(maxlen=GROUP_WINDOW)
         self._trained_at: deque[tuple[float, int]] = deque(maxlen=64)
         self._in_flight = 0
         self._groups = 0
@@ -129,6 +133,8 @@ class RunLoop:
             lag_mean=statistics.fmean(self._lags) if self._lags else 0.0,
             trainer_version=self._submitter.latest_version,
             servers=tuple(ServerVersion(a, v, n) for a, v, n in self._pool.snapshot()),
+            zero_variance_fraction=statistics.fmean(self._flat) if self._flat else 0.0,
+            entropy=statistics.fmean(self._surprisal) if self._surprisal else 0.0,
         )
 
     def _samples_per_s(self) -> float:
@@ -252,6 +258,7 @@ class RunLoop:
         bind_context(group_id=group.group_id)  # this task's log lines and calls carry it (trace.py)
         try:
             pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
+            self._journal.mark_dispatched([a.sample_id for a in pending])
             await asyncio.gather(*(self._generate(group, a) for a in pending))
             usable = [a for a in group.attempts if a.completion is not None and a.state != "acked"]
             await self._score(group, [a for a in usable if a.state == "generated"])
@@ -273,7 +280,6 @@ class RunLoop:
 
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
         bind_context(sample_id=attempt.sample_id)
-        self._journal.mark_dispatched(attempt.sample_id)
         request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
         try:
             server, completion = await self._pool.generate(request)
@@ -301,6 +307,8 @@ class RunLoop:
         attempt.prompt_token_ids, attempt.text = completion.prompt_token_ids, completion.text
         attempt.finish_reason = completion.finish_reason
         self._counts.generated += 1
+        if completion.tokens.logprobs:
+            self._surprisal.append(-statistics.fmean(completion.tokens.logprobs))
 
     async def _score(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
         if not attempts:
@@ -325,6 +333,8 @@ class RunLoop:
             self._correct.append(correct)
         self._journal.mark_scored(scored)
         self._counts.scored += len(scored)
+        if len(scored) > 1:
+            self._flat.append(all_equal([reward for _, reward, _ in scored]))
 
     async def _train(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
         if not attempts:

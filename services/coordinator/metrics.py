@@ -26,6 +26,8 @@ RUN_GAUGES = {
     "correct_ratio": "Fraction of the last 256 scored attempts their verifier marked fully correct.",
     "lag_versions": "Mean lag of the last 256 trained samples' tokens, in versions.",
     "trainer_version": "The trainer's newest version, as its acks report it.",
+    "zero_variance_ratio": "Fraction of the last 32 scored groups whose rewards were all equal.",
+    "entropy_nats": "Mean negative logprob per generated token of the last 256 attempts (policy entropy).",
 }
 
 
@@ -37,6 +39,8 @@ def _run_gauges(run: RunInfo) -> dict[str, float]:
         "correct_ratio": p.correct_fraction,
         "lag_versions": p.lag_mean,
         "trainer_version": p.trainer_version,
+        "zero_variance_ratio": p.zero_variance_fraction,
+        "entropy_nats": p.entropy,
     }
 
 

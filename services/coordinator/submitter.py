@@ -40,6 +40,8 @@ class TrainerSubmitter:
         self._waiting: dict[str, tuple[Sample, asyncio.Future[SampleAck]]] = {}
         self._kept: dict[str, tuple[Sample, int]] = {}
         """Trained, not yet durable: sample id -> (sample, version of its step)."""
+        self._fresh: list[str] = []
+        """Kept since the last response: the ones a durable version that did not move may cover."""
         self._answered = asyncio.Event()
         """Set on every response of the trainer (acks, a new durable version, or both)."""
         self._task: asyncio.Task[None] | None = None
@@ -93,38 +95,56 @@ class TrainerSubmitter:
         while True:
             try:
                 async for acks, durable in self._trainer.submit_durably(self._batches()):
-                    for ack in acks:
-                        self._on_ack(ack)
+                    self._on_acks(acks)
                     self._on_durable(durable)
             except PipelineError as exc:
                 log.warning("trainer stream lost; resending what is not durable", error=exc.message)
             await asyncio.sleep(RECONNECT_S)
             self._requeue()
 
-    def _on_ack(self, ack: SampleAck) -> None:
-        self.latest_version = max(self.latest_version, ack.version)
-        if not ack.disposition.final:
-            if ack.sample_id in self._kept:  # a restarted trainer lost its step: durable once retrained
-                self._kept[ack.sample_id] = (self._kept[ack.sample_id][0], _NOT_YET)
-            return
-        waiting = self._waiting.pop(ack.sample_id, None)
-        kept = self._kept.pop(ack.sample_id, None)
-        sample = waiting[0] if waiting else kept[0] if kept else None
-        if sample is None:
-            return  # an ack of a resend whose outcome is known already
-        if ack.disposition in _TRAINED:
-            self._journal.mark_trained(ack.sample_id, ack.version)
-            self._kept[ack.sample_id] = (sample, ack.version)
-        else:
-            self._journal.mark_acked(ack.sample_id, ack.disposition.value, ack.version)
-        if waiting is not None and not waiting[1].done():
-            waiting[1].set_result(ack)
+    def _on_acks(self, acks: Sequence[SampleAck]) -> None:
+        """Journal a response's final acks in one transaction, then complete their futures (whose
+        callers read the journal's state as written)."""
+        trained: list[tuple[str, int]] = []
+        final: list[tuple[str, str, int]] = []
+        done: list[tuple[asyncio.Future[SampleAck], SampleAck]] = []
+        for ack in acks:
+            self.latest_version = max(self.latest_version, ack.version)
+            if not ack.disposition.final:
+                if ack.sample_id in self._kept:  # a restarted trainer lost its step: durable once retrained
+                    self._kept[ack.sample_id] = (self._kept[ack.sample_id][0], _NOT_YET)
+                continue
+            waiting = self._waiting.pop(ack.sample_id, None)
+            kept = self._kept.pop(ack.sample_id, None)
+            sample = waiting[0] if waiting else kept[0] if kept else None
+            if sample is None:
+                continue  # an ack of a resend whose outcome is known already
+            if ack.disposition in _TRAINED:
+                trained.append((ack.sample_id, ack.version))
+                self._kept[ack.sample_id] = (sample, ack.version)
+                self._fresh.append(ack.sample_id)
+            else:
+                final.append((ack.sample_id, ack.disposition.value, ack.version))
+            if waiting is not None and not waiting[1].done():
+                done.append((waiting[1], ack))
+        if trained or final:
+            self._journal.mark_acks(trained, final)
+        for future, ack in done:
+            future.set_result(ack)
 
     def _on_durable(self, durable: int) -> None:
+        """Make final the kept samples a checkpoint now covers: all of them when the durable version
+        moved, else only those kept since the last response (a scan of every kept sample on each
+        response would cost a run quadratic time between checkpoints)."""
+        moved = durable > self.durable_version
         self.durable_version = max(self.durable_version, durable)
+        candidates = list(self._kept) if moved else self._fresh
         done = [
-            sample_id for sample_id, (_, version) in self._kept.items() if version <= self.durable_version
+            sample_id
+            for sample_id in candidates
+            if (kept := self._kept.get(sample_id)) is not None and kept[1] <= self.durable_version
         ]
+        self._fresh = []
         if done:
             self._journal.mark_durable(done)
             for sample_id in done:

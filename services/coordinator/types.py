@@ -64,6 +64,10 @@ class Progress:
     lag_mean: float = 0.0
     trainer_version: int = 0
     servers: tuple[ServerVersion, ...] = ()
+    zero_variance_fraction: float = 0.0
+    """Of the last window of scored groups, those whose rewards were all equal."""
+    entropy: float = 0.0
+    """Mean negative logprob of the last window's generated tokens: the policy's entropy per token."""
 
 
 @dataclass(frozen=True)

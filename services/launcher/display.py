@@ -38,6 +38,7 @@ class RunDisplay:
         versions = ",".join(str(s.version) for s in p.servers)
         status = (
             f"reward {p.reward_mean:.3f}  correct {p.correct_fraction:.3f}  lag {p.lag_mean:.2f}  "
+            f"zero-var {p.zero_variance_fraction:.2f}  entropy {p.entropy:.2f}  "
             f"trained {p.trained}  {p.samples_per_s:.0f}/s  v{p.trainer_version} [{versions}]"
         )
         done = p.trained if self._by_samples else elapsed_s

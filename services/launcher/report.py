@@ -1,5 +1,6 @@
 """What a run leaves behind: `metrics.jsonl` (one line per progress update) and `plot.png`
-(reward, exact correctness and lag, over time and over trained samples)."""
+(reward, exact correctness and lag; zero-variance groups and entropy, to show a collapse; over time
+and over trained samples)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Point:
     samples_per_s: float
     trainer_version: int
     server_versions: tuple[int, ...]
+    zero_variance: float
+    entropy: float
 
     @classmethod
     def of(cls, run: RunInfo, elapsed_s: float) -> Point:
@@ -33,6 +36,8 @@ class Point:
             samples_per_s=p.samples_per_s,
             trainer_version=p.trainer_version,
             server_versions=tuple(s.version for s in p.servers),
+            zero_variance=p.zero_variance_fraction,
+            entropy=p.entropy,
         )
 
 
@@ -57,12 +62,22 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
     matplotlib.use("Agg")  # files only; no display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, x, label in ((axes[0], [p.elapsed_s for p in points], "seconds"),
-                         (axes[1], [p.trained for p in points], "trained samples")):  # fmt: skip
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
+    for column, x, label in ((0, [p.elapsed_s for p in points], "seconds"),
+                             (1, [p.trained for p in points], "trained samples")):  # fmt: skip
+        ax, signal = axes[0][column], axes[1][column]
+        # A collapse shows here: most groups teach nothing while the entropy falls to ~0.
+        signal.plot(x, [p.zero_variance for p in points], color="tab:purple", label="zero-variance groups")
+        signal.set_ylim(0, 1.05)
+        signal.set_xlabel(label)
+        signal.grid(alpha=0.3)
+        entropy = signal.twinx()
+        entropy.plot(x, [p.entropy for p in points], color="tab:green", alpha=0.7, label="entropy")
+        entropy.set_ylabel("entropy (nats/token)")
+        signal.legend(loc="upper left")
+        entropy.legend(loc="upper right")
         ax.plot(x, [p.reward for p in points], label="mean reward")
         ax.plot(x, [p.correct for p in points], label="exactly correct")
-        ax.set_xlabel(label)
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
         lag = ax.twinx()

@@ -49,12 +49,17 @@ def compute_advantages(samples: Sequence[Sample], config: AdvantageConfig) -> Gr
     zero_variance = 0
     for members in groups.values():
         rewards = [sample.reward for sample in members]
-        flat = max(rewards) - min(rewards) <= _EQUAL_REWARD_TOLERANCE
+        flat = all_equal(rewards)
         zero_variance += flat
         for sample, advantage in zip(members, _group_advantages(rewards, config), strict=True):
             advantages[sample.sample_id] = 0.0 if flat else advantage
             skipped[sample.sample_id] = flat and config.skip_zero_variance
     return GroupAdvantages(advantages, skipped, len(groups), zero_variance)
+
+
+def all_equal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards are all equal, so that it teaches nothing."""
+    return max(rewards) - min(rewards) <= _EQUAL_REWARD_TOLERANCE
 
 
 def _group_advantages(rewards: list[float], config: AdvantageConfig) -> list[float]:

@@ -98,6 +98,11 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
         later = await scrape_all(addresses)
     result = await run
     assert result.state == "completed" and result.trained > 0
+    # the progress points carry what shows a collapse: an entropy estimate, a zero-variance fraction
+    points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(0 < point["entropy"] < 10 for point in points)
+    assert all(0 <= point["zero_variance"] <= 1 for point in points)
+    assert value(later["coordinator"], "pipelinerl_coordinator_entropy_nats", run="run") > 0
 
     documented = documented_metrics()
     for instance, families in later.items():

@@ -77,7 +77,7 @@ def test_a_dispatched_attempt_is_generated_again_after_a_restart(tmp_path: Path)
     journal = Journal(path)
     journal.create_run("r", {"dataset": "builtin:copy:2"})
     journal.add_group("r", group(0))
-    journal.mark_dispatched("r-p0-a0")
+    journal.mark_dispatched(["r-p0-a0"])
     journal.close()
 
     reopened = Journal(path)

@@ -65,7 +65,7 @@ class ServerVersion(_message.Message):
     def __init__(self, address: _Optional[str] = ..., version: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("dispatched", "generated", "scored", "trained", "dropped", "samples_per_s", "reward_mean", "correct_fraction", "lag_mean", "trainer_version", "servers")
+    __slots__ = ("dispatched", "generated", "scored", "trained", "dropped", "samples_per_s", "reward_mean", "correct_fraction", "lag_mean", "trainer_version", "servers", "zero_variance_fraction", "entropy")
     DISPATCHED_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,8 @@ class Progress(_message.Message):
     LAG_MEAN_FIELD_NUMBER: _ClassVar[int]
     TRAINER_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
+    ZERO_VARIANCE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_FIELD_NUMBER: _ClassVar[int]
     dispatched: int
     generated: int
     scored: int
@@ -88,7 +90,9 @@ class Progress(_message.Message):
     lag_mean: float
     trainer_version: int
     servers: _containers.RepeatedCompositeFieldContainer[ServerVersion]
-    def __init__(self, dispatched: _Optional[int] = ..., generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., dropped: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., reward_mean: _Optional[float] = ..., correct_fraction: _Optional[float] = ..., lag_mean: _Optional[float] = ..., trainer_version: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerVersion, _Mapping]]] = ...) -> None: ...
+    zero_variance_fraction: float
+    entropy: float
+    def __init__(self, dispatched: _Optional[int] = ..., generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., dropped: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., reward_mean: _Optional[float] = ..., correct_fraction: _Optional[float] = ..., lag_mean: _Optional[float] = ..., trainer_version: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerVersion, _Mapping]]] = ..., zero_variance_fraction: _Optional[float] = ..., entropy: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "spec", "state", "progress", "started_at", "error")
