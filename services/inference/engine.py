@@ -313,12 +313,11 @@ class InferenceEngine:
         (padding is never written)."""
         newcomers = [self._running[row] for row in rows]
         device = self.model.device
-        lengths = torch.tensor([len(s.request.prompt_token_ids) for s in newcomers], device=device)
-        width = int(lengths.max())
-        starts = width - lengths
-        input_ids = torch.full((len(newcomers), width), self._pad_id, device=device)
-        for row, sequence in enumerate(newcomers):
-            input_ids[row, int(starts[row]) :] = torch.tensor(sequence.request.prompt_token_ids)
+        prompts = [s.request.prompt_token_ids for s in newcomers]
+        width = max(len(prompt) for prompt in prompts)
+        starts = torch.tensor([width - len(prompt) for prompt in prompts], device=device)
+        padded = [[self._pad_id] * (width - len(prompt)) + list(prompt) for prompt in prompts]
+        input_ids = torch.tensor(padded, device=device)  # one tensor, not one copy per row
         columns = torch.arange(width, device=device)
         real = columns[None, :] >= starts[:, None]
         positions = (columns[None, :] - starts[:, None]).clamp(min=0)

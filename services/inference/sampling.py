@@ -65,10 +65,15 @@ def sample(
     rows = (~is_greedy & valid).nonzero().squeeze(-1).tolist()
     if rows:
         filtered = torch.log_softmax(filter_logits(logits[rows], [params[i] for i in rows]), dim=-1)
-        for j, row in enumerate(rows):
-            token = torch.multinomial(filtered[j].exp(), 1, generator=generators[row])
-            token_ids[row] = token[0]
-            logprobs[row] = filtered[j, token[0]]
+        probs = filtered.exp()
+        # One draw per row from the row's own generator (a seed reproduces its request's tokens
+        # whatever else is in the batch); the rows' results are written back in one indexing each.
+        chosen = torch.cat(
+            [torch.multinomial(probs[j], 1, generator=generators[row]) for j, row in enumerate(rows)]
+        )
+        index = torch.tensor(rows, device=logits.device)
+        token_ids[index] = chosen
+        logprobs[index] = filtered.gather(-1, chosen[:, None]).squeeze(-1)
     return SampledTokens(token_ids, logprobs, valid)
 
 
