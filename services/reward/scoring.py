@@ -4,12 +4,12 @@
          │
          ├─► check each item (verifier, answer, size) ──bad──► INVALID_ARGUMENT result for that item
          │
-         └─► a thread per worker slot ──(index, item)──► worker process: RewardFunction.score
-                          ▲                                         │
-                          └─────────────── ScoreResult ◄────────────┘
+         └─► a thread per worker slot ──[(index, item), ...]──► worker process: RewardFunction.score
+                          ▲    (one message per worker per batch)           │
+                          └─────────────── a ScoreResult per item ◄─────────┘
              no reply within timeout_s   → kill that worker; DEADLINE_EXCEEDED for the item
              worker died (os._exit, ...) → INTERNAL for the item
-             either way the slot starts a fresh worker before its next item
+             either way the slot starts a fresh worker for the batch's items after it
 
 Verifiers run math-verify (sympy can spin in C code) and user code (which can hang or end the
 interpreter). Neither a thread nor a ProcessPoolExecutor task can be interrupted, so the scorer owns
@@ -27,6 +27,7 @@ import queue
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
@@ -104,12 +105,14 @@ class Scorer:
         check_batch(items)
         checked = [_check_item(self._spec, self._verifiers, index, item) for index, item in enumerate(items)]
         loop = asyncio.get_running_loop()
-        pending = {
-            index: loop.run_in_executor(self._threads, self._score_in_worker, index, items[index])
-            for index, result in enumerate(checked)
-            if result is None
-        }
-        scored = dict(zip(pending, await asyncio.gather(*pending.values()), strict=True))
+        todo = [(index, items[index]) for index, result in enumerate(checked) if result is None]
+        # One job per worker at most: a job goes to its worker as one message (not one per item).
+        chunks = [todo[i :: len(self._slots)] for i in range(min(len(self._slots), len(todo)))]
+        done = await asyncio.gather(
+            *(loop.run_in_executor(self._threads, self._score_in_worker, chunk) for chunk in chunks)
+        )
+        scored = {index: result for chunk, results in zip(chunks, done, strict=True)
+                  for (index, _), result in zip(chunk, results, strict=True)}  # fmt: skip
         results = [scored[index] if result is None else result for index, result in enumerate(checked)]
         for result in results:
             outcome = _outcome(result)
@@ -144,13 +147,11 @@ class Scorer:
         self._stop_workers()
         log.info("scorer closed", **vars(self.stats))
 
-    def _score_in_worker(self, index: int, item: ScoreItem) -> ScoreResult:
+    def _score_in_worker(self, jobs: list[tuple[int, ScoreItem]]) -> list[ScoreResult]:
         slot = self._idle.get()
-        started = time.perf_counter()
         try:
-            return slot.score(index, item, self._timeout_s)
+            return slot.score(jobs, self._timeout_s, self._metrics.item_scored)
         finally:
-            self._metrics.item_scored(time.perf_counter() - started)
             self._idle.put(slot)
 
     def _stop_workers(self) -> None:
@@ -209,16 +210,27 @@ class _WorkerSlot:
         self.worker = _Worker(context, spec)
         self.restarts = 0
 
-    def score(self, index: int, item: ScoreItem, timeout_s: float) -> ScoreResult:
-        if not self.worker.alive:
-            self.worker.stop(grace_s=0)
-            self.worker = _Worker(self._context, self._spec)
-            self.restarts += 1
-            try:
-                self.worker.wait_ready(self._start_timeout_s)
-            except WorkerStartError as exc:
-                return ScoreResult.failed(item.sample_id, PipelineError(f"sample {item.sample_id!r}: {exc}"))
-        return self.worker.score(index, item, timeout_s)
+    def score(
+        self, jobs: list[tuple[int, ScoreItem]], timeout_s: float, observe: Callable[[float], None]
+    ) -> list[ScoreResult]:
+        """A result per job, in order; `observe` gets the seconds each took. A job that times out
+        or kills the worker fails alone: the jobs after it go to a fresh worker."""
+        results: list[ScoreResult] = []
+        while len(results) < len(jobs):
+            if not self.worker.alive:
+                self.worker.stop(grace_s=0)
+                self.worker = _Worker(self._context, self._spec)
+                self.restarts += 1
+                try:
+                    self.worker.wait_ready(self._start_timeout_s)
+                except WorkerStartError as exc:
+                    _, item = jobs[len(results)]
+                    results.append(
+                        ScoreResult.failed(item.sample_id, PipelineError(f"sample {item.sample_id!r}: {exc}"))
+                    )
+                    continue
+            results += self.worker.score(jobs[len(results) :], timeout_s, observe)
+        return results
 
 
 class _Worker:
@@ -253,25 +265,41 @@ class _Worker:
             raise WorkerStartError(f"reward worker failed to start: {problem} (exit code {self._exit_code})")
         log.debug("reward worker ready", pid=self._pid)
 
-    def score(self, index: int, item: ScoreItem, timeout_s: float) -> ScoreResult:
+    def score(
+        self, jobs: list[tuple[int, ScoreItem]], timeout_s: float, observe: Callable[[float], None]
+    ) -> list[ScoreResult]:
+        """Sends the jobs as one message; the worker answers each as it is scored, each within
+        `timeout_s` (`observe` gets the seconds each took). Stops at the first that does not
+        answer (the worker is stopped then), so the results may be fewer than the jobs: the
+        caller sends the rest to a fresh worker."""
+        results: list[ScoreResult] = []
+        last = time.perf_counter()
         try:
-            self._conn.send((index, item))
-            if self._conn.poll(timeout_s):
-                return self._conn.recv()
+            self._conn.send(jobs)
+            for _ in jobs:
+                if not self._conn.poll(timeout_s):
+                    break
+                results.append(self._conn.recv())
+                now = time.perf_counter()
+                observe(now - last)
+                last = now
+            else:
+                return results
         except (EOFError, OSError):
+            observe(time.perf_counter() - last)
+            sample_id = jobs[len(results)][1].sample_id
             exit_code = self.stop(grace_s=1.0)
-            log.warning(
-                "worker died while scoring", sample_id=item.sample_id, pid=self._pid, exit_code=exit_code
-            )
-            message = f"sample {item.sample_id!r}: the verifier's process exited with code {exit_code}"
-            return ScoreResult.failed(item.sample_id, PipelineError(message))
+            log.warning("worker died while scoring", sample_id=sample_id, pid=self._pid, exit_code=exit_code)
+            message = f"sample {sample_id!r}: the verifier's process exited with code {exit_code}"
+            return [*results, ScoreResult.failed(sample_id, PipelineError(message))]
+        observe(time.perf_counter() - last)
+        sample_id = jobs[len(results)][1].sample_id
         self.stop(grace_s=0)
         log.warning(
-            "verifier timed out; worker killed", sample_id=item.sample_id, pid=self._pid, timeout_s=timeout_s
+            "verifier timed out; worker killed", sample_id=sample_id, pid=self._pid, timeout_s=timeout_s
         )
-        return ScoreResult.failed(
-            item.sample_id, DeadlineExceeded(f"sample {item.sample_id!r}: not scored within {timeout_s}s")
-        )
+        error = DeadlineExceeded(f"sample {sample_id!r}: not scored within {timeout_s}s")
+        return [*results, ScoreResult.failed(sample_id, error)]
 
     def stop(self, grace_s: float) -> int | None:
         """Stops the worker, killing it if it has not exited after `grace_s`; returns its exit code."""
@@ -289,7 +317,8 @@ class _Worker:
 
 
 def _worker_main(conn: Connection, spec: RewardSpec) -> None:
-    """Body of a worker process: builds the verifiers, then scores `(index, item)` jobs until EOF."""
+    """Body of a worker process: builds the verifiers, then scores lists of `(index, item)` jobs,
+    answering each job as it is scored, until EOF."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # math-verify warns that its timeouts are off, which is deliberate (see MathVerifier).
@@ -302,10 +331,11 @@ def _worker_main(conn: Connection, spec: RewardSpec) -> None:
     conn.send(None)
     while True:
         try:
-            index, item = conn.recv()
+            jobs = conn.recv()
         except EOFError:
             return
-        conn.send(_score_item(reward, index, item))
+        for index, item in jobs:
+            conn.send(_score_item(reward, index, item))
 
 
 def _score_item(reward: RewardFunction, index: int, item: ScoreItem) -> ScoreResult:
