@@ -9,7 +9,7 @@ scoring workers), and divided by the samples trained in between: the steady cost
 `startup_cpu_s` is what came before (imports, model loads), reported apart.
 
     python benchmarks/overhead.py [--seconds 60] [--modes pipeline,sync] [--out DIR]
-                                  [--profile] [--dataset builtin:copy:2]
+                                  [--profile] [--dataset builtin:copy:2] [--max-running N]
 
 `--profile` records each service with py-spy (`py-spy record --format speedscope`, 50 Hz, into
 `<run>/profile-<service>.json`) over the run; py-spy takes CPU of its own, so the figures of a
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.run import launch
@@ -106,6 +107,9 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
         dataset=args.dataset,
         seed=args.seed,
         duration_s=args.seconds,
+        inference=InferenceSettings.model_construct(
+            **({"max_running": args.max_running} if args.max_running else {})
+        ),
     )
     sampled = Sampled(run_dir, args.profile, args.seconds)
     log.info("running", mode=mode, seconds=args.seconds)
@@ -137,6 +141,9 @@ def main() -> int:
     parser.add_argument("--modes", default="pipeline,sync")
     parser.add_argument("--dataset", default=RunSettings.model_fields["dataset"].default)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-running", type=int, default=0, help="the inference engine's batch rows (default: its own)"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy each service (costs CPU)")
     parser.add_argument("--out", default=None, help="a new folder (default: runs/overhead/<time>)")
     args = parser.parse_args()
