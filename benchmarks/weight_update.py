@@ -41,11 +41,25 @@ and checksums on the host, seconds for a 1.5B model, so raise --max-new until de
 the updates (a run where it does not stops with that advice). `--preset` takes a preset's shape
 instead of --layers/--hidden/--intermediate.
 
+With `--fan-out 1,2,4` it measures instead what one version costs as the number of receivers N
+grows, for the tiny preset's weights and a synthetic version of `--fan-out-mib` MiB (100): a
+WeightPublisher in this process serves N receiver processes (spawned, each a WeightReceiver), first
+as broadcast members, then fetch-only. Each N gets a version that forms the group (rendezvous),
+then --repeats timed versions (median):
+
+- broadcast_s_by_receivers: the publisher's `stats.last_broadcast_s`, the trainer's time in the
+  bucket broadcasts to the N members (gloo);
+- broadcast_receive_s_by_receivers: the slowest member's time from its notice to every bucket
+  received and its CRC-32 checked;
+- fetch_s_by_receivers: the same for N fetch-only receivers, all fetching the version at once with
+  FetchWeights (gRPC, 4 MiB chunks, CRC-32 per chunk and per bucket).
+
 Every process uses --threads torch threads (default 1: the two processes share two cores).
 Progress goes to stderr; the last line of stdout is one JSON object:
 
     python benchmarks/weight_update.py [--layers 5] [--hidden 1024] [--updates 4] [--max-new 320]
     python benchmarks/weight_update.py --device cuda --preset qwen2-0.5b --updates 3 --max-new 2500
+    python benchmarks/weight_update.py --fan-out 1,2,4 [--fan-out-mib 100] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -74,7 +88,7 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.log import configure_logging, get_logger
-from pipelinerl.common.model import build_tokenizer, preset_config
+from pipelinerl.common.model import build_preset, build_tokenizer, preset_config
 from pipelinerl.common.presets import PRESETS
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
@@ -88,7 +102,7 @@ from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights.publisher import WeightPublisher
 from pipelinerl.weights.receiver import ReceiverStats, WeightReceiver
 from pipelinerl.weights.settings import PublisherSettings
-from pipelinerl.weights.types import WeightLayout
+from pipelinerl.weights.types import WeightLayout, WeightNotice
 
 log = get_logger("benchmarks.weight_update")
 
@@ -473,6 +487,169 @@ def report(
     }
 
 
+# ---- fan-out: one version to N receivers ------------------------------------------------------
+
+
+def receiver_main(conn: Connection, index: int, threads: int) -> None:
+    """Entry point of a spawned receiver process for --fan-out; obeys ("follow", port, broadcast)
+    and ("leave",), and reports each version it applies as (version, via, seconds)."""
+    configure_logging(f"receiver-{index}")
+    torch.set_num_threads(threads)
+    asyncio.run(_follow_on_command(conn, index))
+
+
+async def _follow_on_command(conn: Connection, index: int) -> None:
+    following: tuple[asyncio.Task[None], TrainerClient] | None = None
+    while (message := await asyncio.to_thread(conn.recv))[0] != "stop":
+        if following is not None:  # "leave", or a new "follow": the old stream ends first
+            following[0].cancel()
+            await asyncio.gather(following[0], return_exceptions=True)
+            await following[1].close()
+            following = None
+        if message[0] == "follow":
+            _, port, broadcast = message
+            trainer = TrainerClient(ChannelConfig(f"127.0.0.1:{port}"))
+            receiver = ReportingReceiver(conn, trainer, f"receiver-{index}", broadcast)
+            following = (asyncio.create_task(receiver.run()), trainer)
+        conn.send(("done", message[0]))
+
+
+class ReportingReceiver(WeightReceiver):
+    """A WeightReceiver that reports each version it applies over `conn`: (version, via, seconds
+    from its notice to verified buckets)."""
+
+    def __init__(self, conn: Connection, trainer: TrainerClient, receiver_id: str, broadcast: bool) -> None:
+        super().__init__(trainer, receiver_id, self._report, accepts_broadcast=broadcast)
+        self._conn = conn
+        self._notice_at = 0.0
+        self._broadcasts = 0
+
+    async def receive(self, notice: WeightNotice) -> bool:
+        self._notice_at = time.perf_counter()
+        return await super().receive(notice)
+
+    async def _report(
+        self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
+    ) -> None:
+        seconds = time.perf_counter() - self._notice_at
+        via = "broadcast" if self.stats.broadcasts > self._broadcasts else "fetch"
+        self._broadcasts = self.stats.broadcasts
+        self._conn.send((version.version, via, seconds))
+
+
+@dataclass
+class FanOut:
+    """The trainer's side of --fan-out: a publisher in this process, receivers in others."""
+
+    publisher: WeightPublisher
+    port: int
+    receivers: list[tuple[Connection, Any]]
+    version: int = 0
+
+    async def command(self, count: int, *message: object) -> None:
+        for conn, _ in self.receivers[:count]:
+            conn.send(message)
+        for conn, _ in self.receivers[:count]:
+            while (await receive(conn))[0] != "done":
+                pass  # a late report of a version applied before this command
+
+    async def publish(self, tensors: dict[str, torch.Tensor], count: int) -> tuple[float, list[tuple]]:
+        """Publish the next version; returns the trainer's broadcast seconds (0 if it went out
+        fetch-only) and each receiver's (version, via, seconds)."""
+        self.version += 1
+        stats = self.publisher.stats
+        before = stats.broadcasts + stats.failed_broadcasts
+        await self.publisher.publish(self.version, tensors)
+        reports = [await receive(conn) for conn, _ in self.receivers[:count]]
+        if any(r[0] != self.version for r in reports):
+            raise RuntimeError(f"expected v{self.version} everywhere, got {reports}")
+        ended = stats.broadcasts + stats.failed_broadcasts > before
+        return (stats.last_broadcast_s if ended else 0.0), reports
+
+
+async def fan_out_trial(
+    bench: FanOut, tensors: dict[str, torch.Tensor], count: int, broadcast: bool, repeats: int
+) -> tuple[float, float]:
+    """N receivers follow; a warm-up version forms the group; then the median over `repeats`
+    versions of (trainer's broadcast seconds, slowest receiver's notice-to-verified seconds)."""
+    await bench.command(count, "follow", bench.port, broadcast)
+    deadline = time.perf_counter() + WAIT_S
+    while bench.publisher.watchers < count:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{count} receivers never watched")
+        await asyncio.sleep(0.02)
+    await asyncio.gather(*(receive(conn) for conn, _ in bench.receivers[:count]))  # the current version
+    await bench.publish(tensors, count)  # forms the group (rendezvous), or warms fetch-only
+    sender, slowest = [], []
+    for _ in range(repeats):
+        seconds, reports = await bench.publish(tensors, count)
+        want = "broadcast" if broadcast else "fetch"
+        if any(via != want for _, via, _ in reports):
+            raise RuntimeError(f"a receiver did not get v{bench.version} by {want}: {reports}")
+        sender.append(seconds)
+        slowest.append(max(s for _, _, s in reports))
+    await bench.command(count, "leave")
+    while bench.publisher.watchers:
+        await asyncio.sleep(0.02)
+    return statistics.median(sender), statistics.median(slowest)
+
+
+async def run_fan_out(args: argparse.Namespace) -> dict[str, object]:
+    """One version's broadcast and fetch to N = each of --fan-out receivers, for the tiny preset
+    and a synthetic version of --fan-out-mib."""
+    counts = sorted(int(n) for n in args.fan_out.split(","))
+    sizes = {
+        "tiny": dict(build_preset("tiny", seed=args.seed).model.named_parameters()),
+        f"{args.fan_out_mib}MiB": {"big.weight": torch.randn(args.fan_out_mib * 2**18)},
+    }
+    publisher = WeightPublisher(PublisherSettings(broadcast_timeout_s=WAIT_S), RUN_ID)
+    await publisher.start()
+    server = GrpcServer(
+        ServiceSettings(port=0, drain_seconds=1), [registration(PublisherOnlyTrainer(publisher, RUN_ID))]
+    )
+    await server.start()
+    context = mp.get_context("spawn")
+    receivers = []
+    for index in range(max(counts)):
+        conn, child = context.Pipe()
+        process = context.Process(
+            target=receiver_main, args=(child, index, args.threads), name=f"receiver-{index}"
+        )
+        process.start()
+        receivers.append((conn, process))
+    bench = FanOut(publisher, server.port, receivers)
+    await publisher.publish(0, sizes["tiny"])  # what a receiver gets first, as it starts watching
+    result: dict[str, Any] = {"broadcast_s_by_receivers": {}, "broadcast_receive_s_by_receivers": {},
+                              "fetch_s_by_receivers": {}, "bytes": {}}  # fmt: skip
+    try:
+        for name, tensors in sizes.items():
+            result["bytes"][name] = sum(t.numel() * t.element_size() for t in tensors.values())
+            for key in (
+                "broadcast_s_by_receivers",
+                "broadcast_receive_s_by_receivers",
+                "fetch_s_by_receivers",
+            ):
+                result[key][name] = {}
+            for count in counts:
+                sender_s, broadcast_receive_s = await fan_out_trial(bench, tensors, count, True, args.repeats)
+                _, fetch_s = await fan_out_trial(bench, tensors, count, False, args.repeats)
+                result["broadcast_s_by_receivers"][name][count] = round(sender_s, 4)
+                result["broadcast_receive_s_by_receivers"][name][count] = round(broadcast_receive_s, 4)
+                result["fetch_s_by_receivers"][name][count] = round(fetch_s, 4)
+                log.info("fan-out", size=name, receivers=count, broadcast_s=round(sender_s, 3),
+                         receive_s=round(broadcast_receive_s, 3), fetch_s=round(fetch_s, 3))  # fmt: skip
+    finally:
+        for conn, _ in receivers:
+            conn.send(("stop",))
+        for _, process in receivers:
+            await asyncio.to_thread(process.join, 30)
+            if process.is_alive():
+                process.terminate()
+        await server.stop(grace=1)
+        await publisher.close()
+    return {**result, "repeats": args.repeats, "threads": args.threads, "backend": "gloo"}
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     tokenizer = build_tokenizer()
     model = build_model(args, tokenizer)
@@ -510,13 +687,22 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=320)
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--settle-steps", type=int, default=8, help="decode steps between updates")
-    parser.add_argument("--repeats", type=int, default=5, help="of the raw broadcast and the memcpy")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="of the raw broadcast and the memcpy; timed versions of --fan-out",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fan-out", metavar="N,N,...", help="instead: one version's broadcast and fetch to N receivers"
+    )
+    parser.add_argument("--fan-out-mib", type=int, default=100, help="the synthetic version's size")
     args = parser.parse_args()
     configure_logging("benchmark")  # stderr; stdout carries only the final JSON line
     torch.set_num_threads(args.threads)
-    result = asyncio.run(run(args))
+    result = asyncio.run(run_fan_out(args) if args.fan_out else run(args))
     log.info("done", **{k: v for k, v in result.items() if not isinstance(v, list)})
     print(json.dumps(result))
 

@@ -38,6 +38,7 @@ class BroadcastGroup:
         self.backend = rendezvous.backend
         timeout = timedelta(milliseconds=rendezvous.timeout_ms)
         prefixed = PrefixStore(self.name, store)
+        prefixed.set(_arrival_key(self.rank), "1")  # so that a failed rendezvous can tell who never came
         # The constructor is itself the rendezvous: it returns once every rank has joined.
         if self.backend == "gloo":
             self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
@@ -64,6 +65,15 @@ class BroadcastGroup:
         self._group.broadcast([tensor], options).wait()  # pyright: ignore[reportAttributeAccessIssue]  # torch's stub puts broadcast on ProcessGroup only; backends have it too
         if self.backend == "nccl":
             torch.cuda.current_stream().synchronize()
+
+
+def arrived(store: Store, group_name: str, rank: int) -> bool:
+    """Whether `rank` reached the rendezvous of `group_name` (whatever became of it after)."""
+    return PrefixStore(group_name, store).check([_arrival_key(rank)])
+
+
+def _arrival_key(rank: int) -> str:
+    return f"pipelinerl/arrived/{rank}"
 
 
 def join(rendezvous: Rendezvous) -> BroadcastGroup:

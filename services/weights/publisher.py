@@ -10,16 +10,22 @@ every watcher, broadcast the buckets to the current membership, and serve them t
               instead of a rendezvous; they are freed once it calls ReleaseWeights (or a deadline)
 
 Versions published while a broadcast is running are coalesced: receivers only need the newest.
-A broadcast that fails or times out drops its group; receivers that missed it fetch instead, so a
-failure costs time, never correctness. The version after a failure goes out fetch-only, and the
+`publish` never waits for a broadcast. A broadcast that fails or times out drops its group;
+receivers that missed it fetch instead, so a failure costs time, never correctness. Its version
+stays held for `broadcast_timeout_s` after the failure, however many versions were published
+meanwhile, so that those fetches find it. The version after a failure goes out fetch-only, and the
 one after that forms a new group: a member that died is usually what failed it, and its watch
 stream may close a moment later than its socket, so a group formed at once would wait for it
-until the timeout while every live receiver stays on old weights.
+until the timeout while every live receiver stays on old weights. A member that never arrived at
+the failed group's rendezvous (it is still watching, but cannot or will not join) is dropped from
+broadcast for the rest of its stream: it gets fetch-only notices, and a reconnect makes it a
+candidate again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -33,7 +39,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights import cuda_ipc
-from pipelinerl.weights.broadcast import BroadcastGroup, tcp_store
+from pipelinerl.weights.broadcast import BroadcastGroup, arrived, tcp_store
 from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
@@ -98,6 +104,9 @@ class WeightPublisher:
         self._backend = None if settings.broadcast_backend == "none" else settings.broadcast_backend
         self.stats = PublisherStats()
         self._versions: OrderedDict[int, _Packed] = OrderedDict()
+        self._held_until: dict[int, float] = {}
+        """Versions held past `keep_versions` (monotonic deadline): one in broadcast, or whose
+        broadcast failed lately, so that its members can fetch it."""
         self._latest: _Packed | None = None
         self._announced = -1
         self._watchers: dict[str, _Watcher] = {}
@@ -157,8 +166,7 @@ class WeightPublisher:
             if any(w.cuda_device_uuid == self._device_uuid for w in self._watchers.values()):
                 self._device_copies[version] = await asyncio.to_thread(self._device_copy, buckets, device)
         self._versions[version] = packed
-        while len(self._versions) > self.settings.keep_versions:
-            self._versions.popitem(last=False)
+        self._drop_old_versions()
         self._latest = packed
         self._free_device_copies()  # after `_latest` moved on: the newest copy is never freed
         self.stats.published += 1
@@ -231,14 +239,47 @@ class WeightPublisher:
             if (key := f"{watcher.receiver_id}#{watcher.serial}") in self._membership:
                 rendezvous = self._rendezvous(name, 1 + self._membership.index(key))
             watcher.queue.put_nowait(self._notice(packed, watcher, rendezvous))
+        version = packed.version.version
+        self._held_until[version] = math.inf
         try:
             await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
             self.stats.failed_broadcasts += 1
             self._group, self._fetch_only_next = None, True
-            log.warning(
-                "broadcast failed; receivers will fetch", version=packed.version.version, error=str(exc)
+            self._held_until[version] = time.monotonic() + self.settings.broadcast_timeout_s
+            log.warning("broadcast failed; receivers will fetch", version=version, error=str(exc))
+            await self._drop_absent_members(name)
+        else:
+            del self._held_until[version]
+        self._drop_old_versions()
+
+    async def _drop_absent_members(self, group_name: str) -> None:
+        """Take the members that never arrived at `group_name`'s rendezvous out of broadcast: one
+        that watches but cannot join (a port it cannot reach, a wedged process) would otherwise
+        fail every group formed with it, each after the full timeout."""
+        assert self._store is not None
+        store, members = self._store, self._membership
+        try:
+            present = await asyncio.to_thread(
+                lambda: [arrived(store, group_name, r + 1) for r in range(len(members))]
             )
+        except Exception as exc:  # the announce loop must outlive a store that fails to answer
+            log.warning("could not tell which members joined", error=str(exc))
+            return
+        absent = {key for key, here in zip(members, present, strict=True) if not here}
+        for watcher in self._watchers.values():
+            if f"{watcher.receiver_id}#{watcher.serial}" in absent:
+                watcher.accepts_broadcast = False
+                log.warning("receiver dropped from broadcast: it never joined; it will fetch",
+                            receiver=watcher.receiver_id)  # fmt: skip
+
+    def _drop_old_versions(self) -> None:
+        """Keep the newest `keep_versions`, and any version `_held_until` says is still needed."""
+        now = time.monotonic()
+        self._held_until = {v: until for v, until in self._held_until.items() if until > now}
+        newest = list(self._versions)[-self.settings.keep_versions :]
+        for version in [v for v in self._versions if v not in newest and v not in self._held_until]:
+            del self._versions[version]
 
     def release(self, receiver_id: str, version: WeightVersion) -> None:
         """`receiver_id` is done with the device buffers of `version` (ReleaseWeights)."""
