@@ -85,7 +85,8 @@ def test_a_section_overrides_only_the_fields_it_gives(tmp_path: Path) -> None:
         run_dir=tmp_path, lr=0.01, trainer={"learner": {"loss": {"kind": "ppo"}}}, reward={"workers": 3}
     )
     configs = _service_settings(settings, tmp_path, threads=1)
-    assert configs["trainer"]["learner"]["loss"] == {"kind": "ppo"}
+    # the section's field joins the launcher's own (the run's entropy_coef), deep-merged
+    assert configs["trainer"]["learner"]["loss"] == {"kind": "ppo", "entropy_coef": settings.entropy_coef}
     assert configs["trainer"]["learner"]["lr"] == 0.01  # the launcher's value, from the run's `lr`
     assert configs["trainer"]["samples_per_step"] == settings.samples_per_step
     # no service default is written as if it were given; metrics_port 0 is the launcher's (a free port)
