@@ -39,8 +39,11 @@ journal and its inference server's counters:
   counters (the series is in `<run>/occupancy.jsonl`), so the mean is exact per decode step.
 - `mean_reward_*`: the mean reward of every scored attempt of the run: reward per sample over the
   same budget.
+- `pipeline_token_lag`: the mean lag over every trained completion token, from the trainer's lag
+  histograms (`mean_lag` is the mean of the coordinator's 256-sample moving average).
 - with `--conventional-steps`: `conventional_samples_per_s`, `conventional_time_to_reward_s`,
-  `final_reward_conventional(_last_8192)`, `conventional_mean_lag`, `conventional_round_steps`.
+  `final_reward_conventional(_last_8192)`, `conventional_mean_lag` (per trained token, as
+  `pipeline_token_lag`; (K - 1) / 2 by construction), `conventional_round_steps`.
 """
 
 from __future__ import annotations
@@ -102,6 +105,14 @@ def trainer_means(run_dir: Path) -> dict[str, float]:
     lines = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
     keys = ("ess", "wait_s", "forward_backward_s", "optimizer_s", "publish_s", "step_s")
     return {key: statistics.fmean(line[key] for line in lines) for key in keys}
+
+
+def token_lag(run_dir: Path) -> float:
+    """Mean lag (trainer version at the step minus the version that generated the token) over every
+    completion token trained, from the trainer's per-step lag histograms."""
+    steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    counts = [(int(lag), n) for step in steps for lag, n in step["lag_histogram"].items()]
+    return round(sum(lag * n for lag, n in counts) / max(sum(n for _, n in counts), 1), 2)
 
 
 def cpu_seconds(run_dir: Path) -> dict[str, float]:
@@ -377,6 +388,7 @@ def main() -> int:
         "final_reward_pipeline_last_8192": round(final_mean(pipeline), 3),
         "final_reward_sync_last_8192": round(final_mean(sync), 3),
         "mean_lag": round(pipeline.mean_lag, 2),
+        "pipeline_token_lag": token_lag(Path(args.out) / "pipeline"),
         "ess": round(pipeline_trainer["ess"], 3),
         "sync_ess": round(sync_trainer["ess"], 3),
         "samples": args.samples,
@@ -404,7 +416,7 @@ def main() -> int:
             "conventional_time_to_reward_s": time_to(conventional, args.target),
             "final_reward_conventional": round(conventional.final_reward, 3),
             "final_reward_conventional_last_8192": round(final_mean(conventional), 3),
-            "conventional_mean_lag": round(conventional.mean_lag, 2),
+            "conventional_mean_lag": token_lag(Path(args.out) / "conventional"),
             "conventional_seconds": round(conventional.elapsed_s, 1),
         }
     print(json.dumps(figures))

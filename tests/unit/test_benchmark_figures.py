@@ -4,6 +4,7 @@ completion length distribution from a journal, and the batch occupancy from deco
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from benchmarks.pipeline_vs_sync import (
     read_counters,
     read_occupancy,
     round_spread,
+    token_lag,
 )
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
@@ -112,3 +114,10 @@ def test_a_run_without_counters_reads_as_no_steps(tmp_path: Path, missing: bool)
     if not missing:
         (tmp_path / "occupancy.jsonl").write_text("")
     assert occupancy_figures(read_occupancy(tmp_path))["mean"] == 0.0
+
+
+def test_token_lag_weighs_the_trainers_histograms_by_token(tmp_path: Path) -> None:
+    # a conventional round of two steps: the first trains 30 tokens of lag 0, the second 10 of lag 1
+    steps = [{"lag_histogram": {"0": 30}}, {"lag_histogram": {"1": 10}}]
+    (tmp_path / "trainer_metrics.jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps))
+    assert token_lag(tmp_path) == 0.25
