@@ -5,7 +5,10 @@ a fast bench for comparing the method's defaults over seeds (its curves are in s
 machine changes its speed, not its figures).
 
     python benchmarks/single_process.py [--dataset builtin:copy:2] [--samples 40960] [--seed 0]
-        [--lag 0] [--lr 3e-4] [--temperature 1.0] [--learner '{"loss": {"entropy_coef": 0.01}}']
+        [--lag 0] [--lr LR] [--entropy-coef C] [--temperature T] [--learner '{"loss": {"kind": "ppo"}}']
+
+Its defaults are `pipelinerl run`'s (group size, samples per step, temperature, lr, entropy bonus);
+`--learner` overrides any field of the trainer's learner config.
 
 `--lag 1` samples each batch with the weights of one optimizer step before the learner's, as a
 pipeline whose inference trails the trainer by one version does.
@@ -32,7 +35,9 @@ from pipelinerl.common.log import configure_logging
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence
 from pipelinerl.coordinator.tasks import builtin_problems, parse_builtin
-from pipelinerl.reward.verifiers import DigitsVerifier
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.run import merge
+from pipelinerl.reward.verifiers import VERIFIERS
 from pipelinerl.trainer.config import LearnerConfig
 from pipelinerl.trainer.learner import TorchLearner
 
@@ -82,11 +87,13 @@ def main() -> None:
     parser.add_argument("--dataset", default="builtin:copy:2")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--samples", type=int, default=40960)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--samples-per-step", type=int, default=128)
+    run = RunSettings.model_fields  # `pipelinerl run`'s defaults
+    parser.add_argument("--group-size", type=int, default=run["group_size"].default)
+    parser.add_argument("--samples-per-step", type=int, default=run["samples_per_step"].default)
     parser.add_argument("--max-new-tokens", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--temperature", type=float, default=run["temperature"].default)
+    parser.add_argument("--lr", type=float, default=run["lr"].default)
+    parser.add_argument("--entropy-coef", type=float, default=run["entropy_coef"].default)
     parser.add_argument("--learner", default="{}", help="LearnerConfig fields over the run's, as JSON")
     parser.add_argument("--lag", type=int, default=0, help="optimizer steps the sampling weights trail by")
     parser.add_argument("--seed", type=int, default=0)
@@ -99,14 +106,16 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     loaded = build_preset(args.model, seed=args.seed)
-    overrides = {"lr": args.lr, "temperature": args.temperature, "advantages": {"skip_zero_variance": False}}
-    config = LearnerConfig.model_validate({**overrides, **json.loads(args.learner)})
+    learner_config = {
+        "lr": args.lr, "temperature": args.temperature, "loss": {"entropy_coef": args.entropy_coef},
+        "advantages": {"skip_zero_variance": False},
+    }  # fmt: skip
+    config = LearnerConfig.model_validate(merge(learner_config, json.loads(args.learner)))
     learner = TorchLearner(loaded.model, config, tokenizer=loaded.tokenizer)
     sampler = copy.deepcopy(loaded.model).eval()
     behind: collections.deque[dict[str, torch.Tensor]] = collections.deque()
     task, digits = parse_builtin(args.dataset)
     problems = builtin_problems(task, digits, args.seed)
-    verifier = DigitsVerifier()
     groups_per_step = args.samples_per_step // args.group_size
 
     rewards: list[float] = []
@@ -125,7 +134,7 @@ def main() -> None:
                 tokens.token_ids, tokens.logprobs, [max(version - args.lag, 0)] * len(tokens)
             )
             text = str(loaded.tokenizer.decode(tokens.token_ids, skip_special_tokens=True))
-            reward, _ = verifier.score(problem.prompt, text, problem.answer)
+            reward, _ = VERIFIERS[problem.verifier]().score(problem.prompt, text, problem.answer)
             rewards.append(reward)
             samples.append(Sample(f"{version}-{i}", f"{version}-{i // args.group_size}", prompt_ids, tokens,
                                   reward, reason, args.group_size))  # fmt: skip

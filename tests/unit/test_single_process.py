@@ -1,0 +1,27 @@
+"""benchmarks/single_process.py runs the method in one process with `pipelinerl run`'s defaults and
+ends with its figures as one JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.launcher.config import RunSettings
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "single_process.py"
+
+
+@pytest.mark.slow
+def test_a_short_run_ends_with_its_figures() -> None:
+    args = ["--samples", "256", "--samples-per-step", "64", "--lag", "1", "--threads", "1", "--target", "0.0"]
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout.splitlines()[-1])
+    assert figures["samples_per_s"] > 0 and 0 <= figures["reward_last_8192"] <= 1
+    assert figures["samples_to_target"] is None  # 256 samples are less than the 1,024 of its window
+    assert 0 <= figures["zero_variance_fraction"] <= 1 and figures["entropy"] > 0
+    assert figures["learner"]["loss"]["entropy_coef"] == RunSettings.model_fields["entropy_coef"].default
