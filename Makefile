@@ -32,7 +32,7 @@ venv: $(BIN)/pipelinerl
 
 # The main job: one asynchronous RL run on the built-in task (see README, Quick start).
 run: venv
-	$(BIN)/pipelinerl run --target-reward 0.8
+	$(BIN)/pipelinerl run --target-reward 0.9
 
 # One OpenMP thread per process: tests start several torch processes at once on small machines,
 # and oversubscribed threads slow them down many times over.
