@@ -65,7 +65,7 @@ class RunSettings(LayeredSettings):
     """Sampling temperature."""
     lr: float = Field(default=3e-4, gt=0)
     """Learning rate of the trainer."""
-    entropy_coef: float = Field(default=0.01, ge=0)
+    entropy_coef: float = Field(default=0.03, ge=0)
     """Weight of the trainer's entropy bonus (`learner.loss.entropy_coef`). Without it the tiny
     policy collapses onto fixed answers for most prompts (groups of equal rewards, entropy near 0)
     and the built-in task plateaus; docs/benchmarks.md has the comparison over seeds."""

@@ -69,7 +69,9 @@ class LossConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the k3 KL penalty to the frozen reference model; 0 needs no reference model."""
     entropy_coef: float = Field(default=0.0, ge=0)
-    """Weight of the entropy bonus (subtracted from the loss); 0 still reports entropy."""
+    """Weight of the entropy bonus, subtracted from the loss: each sample's mean token entropy,
+    averaged over the step's samples (it does not grow with completion length, whatever
+    `weighting` is); 0 still reports entropy."""
     weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
     """How per-token terms are averaged over the optimizer step."""
     max_log_ratio: float = Field(default=10.0, gt=0)

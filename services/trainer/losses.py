@@ -115,12 +115,16 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
     if inputs.reference_logprobs is not None:
         kl = k3_kl(inputs.logprobs, inputs.reference_logprobs, mask, config.max_log_ratio)
         per_token = per_token + config.kl_coef * kl
+    weights = token_weights(mask, config.weighting, totals)
+    loss = torch.where(mask, per_token * weights, 0.0).sum()
     if config.entropy_coef > 0:
         if inputs.entropy is None:
             raise ValueError("entropy_coef > 0 needs the entropy of the current logits")
-        per_token = per_token - config.entropy_coef * inputs.entropy
-    weights = token_weights(mask, config.weighting, totals)
-    loss = torch.where(mask, per_token * weights, 0.0).sum()
+        # Each sample's mean token entropy, averaged over the step's samples, whatever the loss's
+        # weighting: the bonus must not grow with a completion's length, or on long completions
+        # it outweighs the reward and drives the policy to uniform.
+        per_sample = token_weights(mask, TokenWeighting.SEQUENCE, totals)
+        loss = loss - config.entropy_coef * torch.where(mask, inputs.entropy * per_sample, 0.0).sum()
     return LossOutput(loss, _stats(loss, log_ratio, clipped, mask, kl, inputs.entropy))
 
 

@@ -226,3 +226,19 @@ def test_entropy_bonus_pushes_towards_a_flatter_distribution() -> None:
 
     assert entropy_from_logits(torch.zeros(4)).item() == pytest.approx(math.log(4))
     assert after.item() > entropy_from_logits(logits).item()
+
+
+@pytest.mark.parametrize("weighting", list(TokenWeighting))
+def test_entropy_bonus_is_each_samples_mean_whatever_its_length(weighting: TokenWeighting) -> None:
+    """The bonus is the mean over samples of each one's mean token entropy: a long completion gets
+    no more of it than a short one (summed over tokens, it drove long completions to uniform)."""
+    _, mask, _ = _batch()
+    entropy = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1))
+    zeros = torch.zeros(mask.shape)
+    inputs = LossInputs(zeros, zeros, zeros, mask, entropy=entropy)
+    config = LossConfig(entropy_coef=0.5, weighting=weighting)
+
+    loss = policy_loss(inputs, config, _totals(mask)).loss
+
+    means = [entropy[row, :length].mean() for row, length in enumerate(LENGTHS)]
+    assert loss.item() == pytest.approx(-0.5 * float(torch.stack(means).mean()))
