@@ -22,7 +22,7 @@ exactly the answer's length. The count is written out in unary rather than in de
 tiny model learns to match the length of a run it can attend to sooner than to read a number
 (measured with the `digits` verifier: reward 0.04 → 0.07 in 7k samples with a decimal count
 `7x12=`, 0.04 → 0.4 in 10k with the unary prompt). The tiny preset learns it slowly: about 0.35
-after 9 minutes on two busy cores, and only with `--entropy-coef 0` (docs/benchmarks.md). A run
+after 9 minutes on two busy cores (docs/benchmarks.md). A run
 on it needs `max_new_tokens` of at least size + 1; `max_new_tokens()` below gives it and
 `pipelinerl run` uses it by default.
 """
