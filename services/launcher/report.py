@@ -5,8 +5,10 @@ and over trained samples)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipelinerl.coordinator.types import RunInfo
 
@@ -65,28 +67,42 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
     for column, x, label in ((0, [p.elapsed_s for p in points], "seconds"),
                              (1, [p.trained for p in points], "trained samples")):  # fmt: skip
-        ax, signal = axes[0][column], axes[1][column]
+        _panel(
+            axes[0][column],
+            x,
+            [
+                ("mean reward", [p.reward for p in points], {}),
+                ("exactly correct", [p.correct for p in points], {}),
+            ],
+            ("lag (versions)", [p.lag for p in points], {"color": "tab:red", "alpha": 0.6}),
+            "lower right",
+        )
         # A collapse shows here: most groups teach nothing while the entropy falls to ~0.
-        signal.plot(x, [p.zero_variance for p in points], color="tab:purple", label="zero-variance groups")
-        signal.set_ylim(0, 1.05)
-        signal.set_xlabel(label)
-        signal.grid(alpha=0.3)
-        entropy = signal.twinx()
-        entropy.plot(x, [p.entropy for p in points], color="tab:green", alpha=0.7, label="entropy")
-        entropy.set_ylabel("entropy (nats/token)")
-        signal.legend(loc="upper left")
-        entropy.legend(loc="upper right")
-        ax.plot(x, [p.reward for p in points], label="mean reward")
-        ax.plot(x, [p.correct for p in points], label="exactly correct")
-        ax.set_ylim(0, 1.05)
-        ax.grid(alpha=0.3)
-        lag = ax.twinx()
-        lag.plot(x, [p.lag for p in points], color="tab:red", alpha=0.6, label="lag (versions)")
-        lag.set_ylabel("lag (versions)")
-        ax.legend(loc="upper left")
-        lag.legend(loc="lower right")
+        _panel(axes[1][column], x,
+               [("zero-variance groups", [p.zero_variance for p in points], {"color": "tab:purple"})],
+               ("entropy (nats/token)", [p.entropy for p in points], {"color": "tab:green", "alpha": 0.7}),
+               "upper right")  # fmt: skip
+        axes[1][column].set_xlabel(label)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+Line = tuple[str, Sequence[float], dict[str, Any]]
+"""A series of a plot: its label, its values and its matplotlib style."""
+
+
+def _panel(ax: Any, x: Sequence[float], fractions: list[Line], twin: Line, twin_legend: str) -> None:
+    """`fractions` (values in [0, 1]) on `ax`, and `twin` on a second y axis of its own."""
+    for name, values, style in fractions:
+        ax.plot(x, values, label=name, **style)
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    name, values, style = twin
+    other = ax.twinx()
+    other.plot(x, values, label=name, **style)
+    other.set_ylabel(name)
+    ax.legend(loc="upper left")
+    other.legend(loc=twin_legend)
