@@ -187,13 +187,9 @@ class DigitsVerifier(Verifier):
     )
 
     def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str]:
-        gold = answer.strip()
-        if not gold.isdecimal():
-            raise BadAnswer(f"the gold answer {_clip(answer)!r} is not a string of digits")
-        predicted = re.sub(r"\D", "", final_answer(completion))
+        gold, predicted, _, matches = _digit_matches(completion, answer)
         # Per-position credit is dense even for a random model (about 0.1 per digit); dividing by
         # the longer length means padding the answer with extra digits earns nothing.
-        matches = sum(a == b for a, b in zip(gold, predicted, strict=False))
         return matches / max(len(gold), len(predicted)), f"{matches}/{len(gold)} digits match"
 
 
@@ -205,18 +201,24 @@ class StrictDigitsVerifier(Verifier):
     )
 
     def score(self, prompt: str, completion: str, answer: str) -> tuple[float, str]:
-        gold = answer.strip()
-        if not gold.isdecimal():
-            raise BadAnswer(f"the gold answer {_clip(answer)!r} is not a string of digits")
-        stated = final_answer(completion)
-        predicted = re.sub(r"\D", "", stated)
         # The digits align as in `digits`, so a policy that writes the right digits among others
         # still earns credit, but the others lengthen the answer: filler costs as much as a wrong
         # digit, and a completion is only as long as its answer once the credit is all earned.
-        matches = sum(a == b for a, b in zip(gold, predicted, strict=False))
+        gold, _, stated, matches = _digit_matches(completion, answer)
         return matches / max(
             len(gold), len(stated)
         ), f"{matches}/{len(gold)} digits match, {len(stated)} characters"
+
+
+def _digit_matches(completion: str, answer: str) -> tuple[str, str, str, int]:
+    """(gold digits, the digits of the completion's final answer, that final answer, positions
+    where the two strings of digits match)."""
+    gold = answer.strip()
+    if not gold.isdecimal():
+        raise BadAnswer(f"the gold answer {_clip(answer)!r} is not a string of digits")
+    stated = final_answer(completion)
+    predicted = re.sub(r"\D", "", stated)
+    return gold, predicted, stated, sum(a == b for a, b in zip(gold, predicted, strict=False))
 
 
 class FormatVerifier(Verifier):
