@@ -92,6 +92,12 @@ class RunRecord:
     error: str
 
 
+_MARK_ACKED = (
+    "UPDATE attempts SET state = 'acked', disposition = ?, version = ?, updated_at = ? WHERE sample_id = ?"
+)
+"""A final disposition: parameters (disposition, version, time, sample id)."""
+
+
 class Journal:
     def __init__(self, path: Path | str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -194,11 +200,7 @@ class Journal:
             )
 
     def mark_acked(self, sample_id: str, disposition: str, version: int) -> None:
-        self._db.execute(
-            "UPDATE attempts SET state = 'acked', disposition = ?, version = ?, updated_at = ?"
-            " WHERE sample_id = ?",
-            (disposition, version, time.time(), sample_id),
-        )
+        self._db.execute(_MARK_ACKED, (disposition, version, time.time(), sample_id))
 
     def mark_acks(self, trained: Sequence[tuple[str, int]], final: Sequence[tuple[str, str, int]]) -> None:
         """The trainer's final acks of one response, in one transaction. `trained` (sample id, version
@@ -212,11 +214,7 @@ class Journal:
                 " WHERE sample_id = ?",
                 [(version, now, sample_id) for sample_id, version in trained],
             )
-            self._db.executemany(
-                "UPDATE attempts SET state = 'acked', disposition = ?, version = ?, updated_at = ?"
-                " WHERE sample_id = ?",
-                [(disposition, version, now, sample_id) for sample_id, disposition, version in final],
-            )
+            self._db.executemany(_MARK_ACKED, [(d, v, now, sample_id) for sample_id, d, v in final])
 
     def mark_durable(self, sample_ids: Sequence[str]) -> None:
         """These trained attempts are in a trainer checkpoint: final."""
