@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import functools
 import json
 import statistics
 import time
@@ -116,6 +117,7 @@ def main() -> None:
     behind: collections.deque[dict[str, torch.Tensor]] = collections.deque()
     task, digits = parse_builtin(args.dataset)
     problems = builtin_problems(task, digits, args.seed)
+    verifier = functools.cache(lambda name: VERIFIERS[name]())  # one instance per verifier name
     groups_per_step = args.samples_per_step // args.group_size
 
     rewards: list[float] = []
@@ -134,7 +136,7 @@ def main() -> None:
                 tokens.token_ids, tokens.logprobs, [max(version - args.lag, 0)] * len(tokens)
             )
             text = str(loaded.tokenizer.decode(tokens.token_ids, skip_special_tokens=True))
-            reward, _ = VERIFIERS[problem.verifier]().score(problem.prompt, text, problem.answer)
+            reward, _ = verifier(problem.verifier).score(problem.prompt, text, problem.answer)
             rewards.append(reward)
             samples.append(Sample(f"{version}-{i}", f"{version}-{i // args.group_size}", prompt_ids, tokens,
                                   reward, reason, args.group_size))  # fmt: skip
