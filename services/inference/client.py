@@ -5,6 +5,11 @@ to `generate()` waits for a free slot before it submits, so the client never ove
 However the stream ends (the server drains or crashes, the call is cancelled, a write finds it
 finished), every request on it fails with Unavailable: the server went away, not the request.
 
+When the server accepts batches (`Capacity.accepts_batches`), submissions go out through one writer
+task: whatever was submitted while the previous message was being written leaves as one
+`SubmissionBatch`, and the server answers with `CompletionBatch`es. Callers see no difference; a
+group of concurrent `generate()` calls costs one message each way instead of one per request.
+
     async with InferenceClient("127.0.0.1:50051") as client, client.session() as session:
         completion = await session.generate(GenerationRequest("r1", [1, 2, 3], SamplingParams()))
 """
@@ -40,6 +45,11 @@ class GenerateSession:
         self._pending: dict[str, tuple[asyncio.Future[Completion], DeltaCallback | None]] = {}
         self._slots = asyncio.Condition()
         self._write_lock = asyncio.Lock()  # a gRPC call takes one write at a time
+        self._outbox: list[tuple[pb.Submission, asyncio.Future[None]]] = []
+        """Submissions waiting for the writer, each with a future set once it is written."""
+        self._outbox_ready = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._accepts_batches = False
         self._window = 0
         self._capacity = asyncio.Event()
         self._ended: str | None = None
@@ -62,6 +72,7 @@ class GenerateSession:
     async def __aenter__(self) -> GenerateSession:
         self._call = self._stub.Generate()
         self._reader = asyncio.create_task(self._read())
+        self._writer = asyncio.create_task(self._write_batches())
         await self._capacity.wait()
         if self._ended is not None:
             raise self._gone()
@@ -70,8 +81,11 @@ class GenerateSession:
     async def __aexit__(self, *exc: object) -> None:
         if self._call is not None:
             self._call.cancel()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
+        tasks = [task for task in (self._reader, self._writer) if task is not None]
+        for task in tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail_outbox()
 
     async def wait_closed(self) -> str:
         """Until the stream has ended; why it ended."""
@@ -86,6 +100,8 @@ class GenerateSession:
             self._slots.notify_all()
         assert self._call is not None
         async with self._write_lock:
+            with contextlib.suppress(PipelineError):
+                await self._flush_locked()  # what was submitted before goes out first
             with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
                 await self._call.done_writing()
 
@@ -108,12 +124,25 @@ class GenerateSession:
             stream_tokens=on_delta is not None,
             trace=trace.bound(),  # the attempt's ids, for the server's log lines about it
         )
+        queued: tuple[pb.Submission, asyncio.Future[None]] | None = None
         try:
-            await self._write(pb.GenerateRequest(submit=submission))
+            if self._accepts_batches:
+                queued = (submission, asyncio.get_running_loop().create_future())
+                self._outbox.append(queued)
+                self._outbox_ready.set()
+                await queued[1]
+            else:
+                await self._write(pb.GenerateRequest(submit=submission))
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            with contextlib.suppress(PipelineError):  # a stream that has ended has no request to cancel
-                await self._write(pb.GenerateRequest(cancel=pb.Cancellation(request_id=request.request_id)))
+            if queued is not None:
+                queued[1].cancel()  # nobody reads how its write went now
+            if queued in self._outbox:  # never sent: nothing to cancel on the server
+                self._outbox.remove(queued)
+            else:
+                cancel = pb.GenerateRequest(cancel=pb.Cancellation(request_id=request.request_id))
+                with contextlib.suppress(PipelineError):  # a stream that has ended has no request to cancel
+                    await self._write(cancel)
             raise
         finally:
             async with self._slots:
@@ -124,19 +153,56 @@ class GenerateSession:
 
     async def _write(self, message: pb.GenerateRequest) -> None:
         """Unavailable if the stream has ended, also while this write waited for its turn."""
-        assert self._call is not None
         async with self._write_lock:
-            if self._ended is not None:
-                raise self._gone()
-            try:
-                await self._call.write(message)
-            except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as exc:  # finished, or failed under us
-                raise Unavailable(f"the Generate stream ended: {exc}") from exc
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                raise Unavailable("the Generate stream was cancelled") from None  # the call, not this task
+            await self._write_locked(message)
+
+    async def _write_locked(self, message: pb.GenerateRequest) -> None:
+        assert self._call is not None
+        if self._ended is not None:
+            raise self._gone()
+        try:
+            await self._call.write(message)
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as exc:  # finished, or failed under us
+            raise Unavailable(f"the Generate stream ended: {exc}") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise Unavailable("the Generate stream was cancelled") from None  # the call, not this task
+
+    async def _write_batches(self) -> None:
+        """The writer: sends the outbox as one `SubmissionBatch` whenever it holds something."""
+        while True:
+            await self._outbox_ready.wait()
+            async with self._write_lock:
+                self._outbox_ready.clear()
+                with contextlib.suppress(PipelineError):  # the batch's callers have it
+                    await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        """Write the whole outbox in one message and tell its callers how it went."""
+        batch, self._outbox = self._outbox, []
+        if not batch:
+            return
+        try:
+            await self._write_locked(
+                pb.GenerateRequest(submit_batch=pb.SubmissionBatch(submissions=[s for s, _ in batch]))
+            )
+        except BaseException as exc:
+            for _, written in batch:
+                if not written.done():  # a new error for each caller, as `_gone` does
+                    error = Unavailable(exc.message) if isinstance(exc, PipelineError) else self._gone()
+                    written.set_exception(error)
+            raise
+        for _, written in batch:
+            if not written.done():
+                written.set_result(None)
+
+    def _fail_outbox(self) -> None:
+        batch, self._outbox = self._outbox, []
+        for _, written in batch:
+            if not written.done():
+                written.set_exception(self._gone())
 
     async def _read(self) -> None:
         assert self._call is not None
@@ -168,10 +234,18 @@ class GenerateSession:
             self.max_new_tokens = response.capacity.max_new_tokens
             self.max_context = response.capacity.max_context
             self.model_info = model_info_from_proto(response.capacity.model_info)
+            self._accepts_batches = response.capacity.accepts_batches
             async with self._slots:
                 self._window = response.capacity.max_in_flight
                 self._slots.notify_all()
             self._capacity.set()
+            return
+        if event == "completions":
+            for completion in response.completions.completions:
+                self._complete(completion)
+            return
+        if event == "completion":
+            self._complete(response.completion)
             return
         request_id = getattr(response, event).request_id
         future, on_delta = self._pending.get(request_id, (None, None))
@@ -179,10 +253,13 @@ class GenerateSession:
             return
         if event == "delta" and on_delta is not None:
             on_delta(convert.tokens_from_proto(response.delta.tokens))
-        elif event == "completion":
-            future.set_result(completion_from_proto(response.completion))
         elif event == "error":
             future.set_exception(error_from_status(response.error.status))
+
+    def _complete(self, message: pb.Completion) -> None:
+        future, _ = self._pending.get(message.request_id, (None, None))
+        if future is not None and not future.done():
+            future.set_result(completion_from_proto(message))
 
 
 class InferenceClient(ServiceClient):

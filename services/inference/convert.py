@@ -14,6 +14,7 @@ def capacity_to_proto(limits: Limits, info: ModelInfo, max_in_flight: int) -> pb
             max_new_tokens=limits.max_new_tokens,
             max_context=limits.max_context,
             model_info=model_info_to_proto(info),
+            accepts_batches=True,
         )
     )
 
@@ -42,15 +43,13 @@ def model_info_from_proto(msg: pb.ModelInfo) -> ModelInfo:
     )
 
 
-def completion_to_proto(c: Completion) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        completion=pb.Completion(
-            request_id=c.request_id,
-            prompt_token_ids=c.prompt_token_ids,
-            completion=convert.tokens_to_proto(c.tokens),
-            text=c.text,
-            finish_reason=convert.finish_reason_to_proto(c.finish_reason),
-        )
+def completion_to_proto(c: Completion) -> pb.Completion:
+    return pb.Completion(
+        request_id=c.request_id,
+        prompt_token_ids=c.prompt_token_ids,
+        completion=convert.tokens_to_proto(c.tokens),
+        text=c.text,
+        finish_reason=convert.finish_reason_to_proto(c.finish_reason),
     )
 
 

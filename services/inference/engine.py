@@ -49,7 +49,7 @@ from pipelinerl.inference.kv_cache import (
     capacity_for,
     check_attention_window,
 )
-from pipelinerl.inference.sampling import sample
+from pipelinerl.inference.sampling import make_generator, sample
 from pipelinerl.inference.sequence import SequenceState, eos_token_ids
 from pipelinerl.inference.stop import completion_text
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, Limits
@@ -110,6 +110,8 @@ class InferenceEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
+        self._generator = make_generator(None, model.device)
+        """Draws the tokens of every request without a seed, in one call per step."""
         self._version = weight_version
         self._lock = threading.Lock()
         self._queue: deque[SequenceState] = deque()
@@ -355,7 +357,7 @@ class InferenceEngine:
 
     def _append_sampled(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
         params = [s.request.sampling for s in sequences]
-        sampled = sample(logits, params, [s.generator for s in sequences])
+        sampled = sample(logits, params, [s.generator for s in sequences], self._generator)
         for sequence, token, logprob, valid in zip(
             sequences,
             sampled.token_ids.tolist(),

@@ -48,9 +48,15 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    shared: torch.Generator | None = None,
 ) -> SampledTokens:
-    """Choose one token per row of `logits` [batch, vocab]; row i uses params[i] and generators[i]."""
+    """Choose one token per row of `logits` [batch, vocab]; row i uses params[i] and generators[i].
+
+    A row whose generator is None (a request without a seed) draws from `shared`, in one call with
+    every other such row; a seeded row draws alone from its own generator."""
     logits = logits.float()
     valid = logits.amax(dim=-1).isfinite()  # amax propagates NaN
     is_greedy = torch.tensor([p.temperature == 0 for p in params], device=logits.device)
@@ -66,12 +72,19 @@ def sample(
     if rows:
         filtered = torch.log_softmax(filter_logits(logits[rows], [params[i] for i in rows]), dim=-1)
         probs = filtered.exp()
-        # One draw per row from the row's own generator (a seed reproduces its request's tokens
-        # whatever else is in the batch); the rows' results are written back in one indexing each.
-        chosen = torch.cat(
-            [torch.multinomial(probs[j], 1, generator=generators[row]) for j, row in enumerate(rows)]
-        )
-        index = torch.tensor(rows, device=logits.device)
+        device = logits.device
+        chosen = torch.empty(len(rows), dtype=torch.long, device=device)
+        common = [j for j, row in enumerate(rows) if generators[row] is None]
+        if common:
+            drawn = torch.multinomial(probs[common], 1, generator=shared).squeeze(-1)
+            chosen[torch.tensor(common, device=device)] = drawn
+        # A seeded row draws alone from its own generator, so its seed reproduces its request's
+        # tokens whatever else is in the batch.
+        own = [(j, generator) for j, row in enumerate(rows) if (generator := generators[row]) is not None]
+        if own:
+            drawn = torch.cat([torch.multinomial(probs[j], 1, generator=generator) for j, generator in own])
+            chosen[torch.tensor([j for j, _ in own], device=device)] = drawn
+        index = torch.tensor(rows, device=device)
         token_ids[index] = chosen
         logprobs[index] = filtered.gather(-1, chosen[:, None]).squeeze(-1)
     return SampledTokens(token_ids, logprobs, valid)

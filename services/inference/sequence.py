@@ -20,7 +20,8 @@ class SequenceState:
 
     request: GenerationRequest
     stop_ids: frozenset[int]
-    generator: torch.Generator
+    generator: torch.Generator | None
+    """A seeded request's own; None: the engine's shared generator draws its tokens."""
     watcher: StopStringWatcher | None
     tokens: TokenSequence = field(default_factory=TokenSequence)
     emitted: int = 0
@@ -40,7 +41,8 @@ class SequenceState:
         params = request.sampling
         watcher = StopStringWatcher(tokenizer, params.stop) if params.stop else None
         # On the logits' device, which torch.multinomial requires of its generator.
-        return cls(request, stop_ids, make_generator(params.seed, device), watcher)
+        generator = None if params.seed is None else make_generator(params.seed, device)
+        return cls(request, stop_ids, generator, watcher)
 
     @property
     def next_position(self) -> int:

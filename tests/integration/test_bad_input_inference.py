@@ -56,6 +56,11 @@ def submission(request_id: str = "bad", **fields: object) -> pb.GenerateRequest:
     return pb.GenerateRequest(submit=pb.Submission(request_id=request_id, **fields))  # type: ignore[arg-type]
 
 
+def batch(*requests: pb.GenerateRequest) -> pb.GenerateRequest:
+    """The submissions of these `submission()` messages in one SubmissionBatch."""
+    return pb.GenerateRequest(submit_batch=pb.SubmissionBatch(submissions=[r.submit for r in requests]))
+
+
 def sampling(**fields: object) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(**{"max_new_tokens": 4, **fields})  # type: ignore[arg-type]
 
@@ -203,6 +208,46 @@ async def test_duplicate_in_flight_id_and_over_capacity(inference: Harness) -> N
             call.cancel()
 
     await inference.expect(flood(), EXHAUSTED)
+
+
+async def test_a_batch_answers_each_submission_as_if_it_came_alone(inference: Harness) -> None:
+    """In one SubmissionBatch, a bad submission and one over capacity each get their own error, naming
+    the bad field by its index in the batch; the good ones complete in CompletionBatch messages; an
+    empty batch does nothing; a single submit on the same stream is still answered alone."""
+
+    async def submit() -> grpc.StatusCode:
+        call = await open_generate(inference.channel)
+        try:
+            await call.write(pb.GenerateRequest(submit_batch=pb.SubmissionBatch()))
+            good = [submission(f"good{i}") for i in range(MAX_RUNNING)]
+            bad = submission("bad", sampling=sampling(temperature=-1.0))
+            await call.write(batch(good[0], bad, *good[1:], submission("over")))
+            errors: dict[str, grpc.StatusCode] = {}
+            completed: list[str] = []
+            async with asyncio.timeout(30):
+                while len(errors) + len(completed) < MAX_RUNNING + 2:
+                    response = await call.read()
+                    event = response.WhichOneof("event")
+                    if event == "error":
+                        errors[response.error.request_id] = CODES[response.error.status.code]
+                        if response.error.request_id == "bad":
+                            detail = error_details_pb2.BadRequest()
+                            response.error.status.details[0].Unpack(detail)
+                            fields = [v.field for v in detail.field_violations]
+                            assert fields == ["submit_batch.submissions[1].sampling.temperature"], fields
+                    else:
+                        assert event == "completions", response
+                        completed += [c.request_id for c in response.completions.completions]
+                        assert all(len(c.completion.token_ids) == 4 for c in response.completions.completions)
+            assert sorted(completed) == [f"good{i}" for i in range(MAX_RUNNING)]
+            assert errors == {"bad": INVALID, "over": EXHAUSTED}
+            await call.write(submission("alone"))
+            code, response = await outcome(call, "alone")  # a `completion` event, not a batch
+            return code
+        finally:
+            call.cancel()
+
+    await inference.expect(submit(), OK)
 
 
 async def test_cancel_of_an_unknown_id_is_ignored_and_a_running_one_aborts(inference: Harness) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import re
 
 import grpc
 import pytest
@@ -63,10 +64,13 @@ async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -
         )
         with pytest.raises(InvalidArgument) as exc:
             await session.generate(GenerationRequest("bad", [1], SamplingParams(max_new_tokens=0)))
-        assert exc.value.violations[0].field == "submit.sampling.max_new_tokens"
+        # The session batches its submissions: a field is named by its place in the batch.
+        assert re.fullmatch(
+            r"submit_batch\.submissions\[\d\]\.sampling\.max_new_tokens", exc.value.violations[0].field
+        )
         with pytest.raises(InvalidArgument) as exc:
             await session.generate(GenerationRequest("long", [1], SamplingParams(max_new_tokens=500)))
-        assert exc.value.violations[0].field == "submit.sampling.max_new_tokens"
+        assert exc.value.violations[0].field == "submit_batch.submissions[0].sampling.max_new_tokens"
         assert len((await good).tokens) == 8
 
 

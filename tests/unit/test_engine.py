@@ -330,7 +330,7 @@ def test_a_request_that_breaks_a_batched_step_fails_alone(
     real_sample = engine_module.sample
     poisoned_calls = 0
 
-    def sample(logits, params, generators):  # type: ignore[no-untyped-def]
+    def sample(logits, params, generators, shared):  # type: ignore[no-untyped-def]
         nonlocal poisoned_calls
         poisoned = [i for i, p in enumerate(params) if p.seed == POISON_SEED]
         poisoned_calls += bool(poisoned)

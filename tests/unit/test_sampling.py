@@ -116,3 +116,24 @@ def test_rows_without_a_finite_maximum_are_invalid_and_the_others_sampled() -> N
     out = sample(logits, params, [make_generator(i) for i in range(8)])
     assert out.valid.tolist() == [False, False, False, True] * 2
     assert out.token_ids[3].item() == 0 and torch.isfinite(out.logprobs[[3, 7]]).all()
+
+
+def test_unseeded_rows_draw_together_from_the_shared_generator_and_seeded_ones_alone() -> None:
+    """Rows without a generator follow their own distributions though drawn in one call; a seeded
+    row's tokens do not depend on what it is batched with."""
+    peaked = torch.full((4,), -30.0)
+    peaked[2] = 0.0  # token 2 always
+    logits = torch.stack([LOGITS, peaked, LOGITS])
+    shared = make_generator(0)
+    tokens: list[list[int]] = []
+    for i in range(3000):
+        generators = [None, None, make_generator(i)]
+        tokens.append(sample(logits, [SamplingParams()] * 3, generators, shared).token_ids.tolist())
+    first, second, seeded = (torch.tensor(column) for column in zip(*tokens, strict=True))
+    frequencies = torch.bincount(first, minlength=4).float() / len(first)
+    torch.testing.assert_close(frequencies, PROBS, atol=0.03, rtol=0)
+    assert set(second.tolist()) == {2}
+    alone = [
+        sample(LOGITS[None], [SamplingParams()], [make_generator(i)]).token_ids.item() for i in range(3000)
+    ]
+    assert seeded.tolist() == alone

@@ -9,12 +9,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("submit", "cancel")
+    __slots__ = ("submit", "cancel", "submit_batch")
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_BATCH_FIELD_NUMBER: _ClassVar[int]
     submit: Submission
     cancel: Cancellation
-    def __init__(self, submit: _Optional[_Union[Submission, _Mapping]] = ..., cancel: _Optional[_Union[Cancellation, _Mapping]] = ...) -> None: ...
+    submit_batch: SubmissionBatch
+    def __init__(self, submit: _Optional[_Union[Submission, _Mapping]] = ..., cancel: _Optional[_Union[Cancellation, _Mapping]] = ..., submit_batch: _Optional[_Union[SubmissionBatch, _Mapping]] = ...) -> None: ...
+
+class SubmissionBatch(_message.Message):
+    __slots__ = ("submissions",)
+    SUBMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    submissions: _containers.RepeatedCompositeFieldContainer[Submission]
+    def __init__(self, submissions: _Optional[_Iterable[_Union[Submission, _Mapping]]] = ...) -> None: ...
 
 class Submission(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling", "stream_tokens", "trace")
@@ -46,28 +54,38 @@ class Cancellation(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("capacity", "delta", "completion", "error")
+    __slots__ = ("capacity", "delta", "completion", "error", "completions")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     capacity: Capacity
     delta: TokenDelta
     completion: Completion
     error: RequestError
-    def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ...) -> None: ...
+    completions: CompletionBatch
+    def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ..., completions: _Optional[_Union[CompletionBatch, _Mapping]] = ...) -> None: ...
+
+class CompletionBatch(_message.Message):
+    __slots__ = ("completions",)
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ...) -> None: ...
 
 class Capacity(_message.Message):
-    __slots__ = ("max_in_flight", "max_new_tokens", "max_context", "model_info")
+    __slots__ = ("max_in_flight", "max_new_tokens", "max_context", "model_info", "accepts_batches")
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MODEL_INFO_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     max_in_flight: int
     max_new_tokens: int
     max_context: int
     model_info: ModelInfo
-    def __init__(self, max_in_flight: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_context: _Optional[int] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, max_in_flight: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_context: _Optional[int] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("model", "vocab_size", "eos_token_ids", "pad_token_id", "bos_token_id", "tokenizer", "tokenizer_sha256")

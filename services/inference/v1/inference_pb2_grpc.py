@@ -59,6 +59,11 @@ class InferenceServiceServicer:
         `RequestError`. The server sends a new `Capacity` whenever that number changes. A request over
         the limit is answered with a `RequestError` of code RESOURCE_EXHAUSTED.
 
+        Batching: a client may send several submissions in one `SubmissionBatch` message (when the
+        server's `Capacity.accepts_batches` says it takes them); the completions of requests submitted
+        that way may come back several to a message, as a `CompletionBatch`. A request submitted alone
+        is always answered alone, so a client that never batches never sees a `CompletionBatch`.
+
         Errors of one request (bad sampling parameters, prompt too long, ...) come back as a
         `RequestError` with code INVALID_ARGUMENT and a google.rpc.BadRequest detail; the stream and
         the other requests go on. Closing the stream (or cancelling the call) aborts every request still

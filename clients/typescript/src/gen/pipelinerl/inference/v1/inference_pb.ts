@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file pipelinerl/inference/v1/inference.proto.
  */
 export const file_pipelinerl_inference_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("CidwaXBlbGluZXJsL2luZmVyZW5jZS92MS9pbmZlcmVuY2UucHJvdG8SF3BpcGVsaW5lcmwuaW5mZXJlbmNlLnYxIosBCg9HZW5lcmF0ZVJlcXVlc3QSNQoGc3VibWl0GAEgASgLMiMucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuU3VibWlzc2lvbkgAEjcKBmNhbmNlbBgCIAEoCzIlLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLkNhbmNlbGxhdGlvbkgAQggKBmFjdGlvbiKLAgoKU3VibWlzc2lvbhISCgpyZXF1ZXN0X2lkGAEgASgJEhgKEHByb21wdF90b2tlbl9pZHMYAiADKAUSEwoLcHJvbXB0X3RleHQYAyABKAkSNgoIc2FtcGxpbmcYBCABKAsyJC5waXBlbGluZXJsLmNvbW1vbi52MS5TYW1wbGluZ1BhcmFtcxIVCg1zdHJlYW1fdG9rZW5zGAUgASgIEj0KBXRyYWNlGAYgAygLMi4ucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuU3VibWlzc2lvbi5UcmFjZUVudHJ5GiwKClRyYWNlRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIiCgxDYW5jZWxsYXRpb24SEgoKcmVxdWVzdF9pZBgBIAEoCSL7AQoQR2VuZXJhdGVSZXNwb25zZRI1CghjYXBhY2l0eRgBIAEoCzIhLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLkNhcGFjaXR5SAASNAoFZGVsdGEYAiABKAsyIy5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Ub2tlbkRlbHRhSAASOQoKY29tcGxldGlvbhgDIAEoCzIjLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLkNvbXBsZXRpb25IABI2CgVlcnJvchgEIAEoCzIlLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLlJlcXVlc3RFcnJvckgAQgcKBWV2ZW50IoYBCghDYXBhY2l0eRIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhYKDm1heF9uZXdfdG9rZW5zGAIgASgFEhMKC21heF9jb250ZXh0GAMgASgFEjYKCm1vZGVsX2luZm8YBCABKAsyIi5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Nb2RlbEluZm8iygEKCU1vZGVsSW5mbxINCgVtb2RlbBgBIAEoCRISCgp2b2NhYl9zaXplGAIgASgFEhUKDWVvc190b2tlbl9pZHMYAyADKAUSGQoMcGFkX3Rva2VuX2lkGAQgASgFSACIAQESGQoMYm9zX3Rva2VuX2lkGAUgASgFSAGIAQESEQoJdG9rZW5pemVyGAYgASgJEhgKEHRva2VuaXplcl9zaGEyNTYYByABKAlCDwoNX3BhZF90b2tlbl9pZEIPCg1fYm9zX3Rva2VuX2lkIlUKClRva2VuRGVsdGESEgoKcmVxdWVzdF9pZBgBIAEoCRIzCgZ0b2tlbnMYAiABKAsyIy5waXBlbGluZXJsLmNvbW1vbi52MS5Ub2tlblNlcXVlbmNlIrwBCgpDb21wbGV0aW9uEhIKCnJlcXVlc3RfaWQYASABKAkSGAoQcHJvbXB0X3Rva2VuX2lkcxgCIAMoBRI3Cgpjb21wbGV0aW9uGAMgASgLMiMucGlwZWxpbmVybC5jb21tb24udjEuVG9rZW5TZXF1ZW5jZRIMCgR0ZXh0GAQgASgJEjkKDWZpbmlzaF9yZWFzb24YBSABKA4yIi5waXBlbGluZXJsLmNvbW1vbi52MS5GaW5pc2hSZWFzb24iRgoMUmVxdWVzdEVycm9yEhIKCnJlcXVlc3RfaWQYASABKAkSIgoGc3RhdHVzGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXMiEgoQR2V0U3RhdHVzUmVxdWVzdCKqAgoRR2V0U3RhdHVzUmVzcG9uc2USOwoOd2VpZ2h0X3ZlcnNpb24YASABKAsyIy5waXBlbGluZXJsLmNvbW1vbi52MS5XZWlnaHRWZXJzaW9uEg8KB3J1bm5pbmcYAiABKAUSDgoGcXVldWVkGAMgASgFEhQKDHRva2Vuc19wZXJfcxgEIAEoARITCgttYXhfcnVubmluZxgFIAEoBRIWCg53ZWlnaHRfdXBkYXRlcxgGIAEoAxIdChVmYWlsZWRfd2VpZ2h0X3VwZGF0ZXMYByABKAMSDgoGZW5naW5lGAggASgJEg0KBW1vZGVsGAkgASgJEjYKCm1vZGVsX2luZm8YCiABKAsyIi5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Nb2RlbEluZm8y2wEKEEluZmVyZW5jZVNlcnZpY2USYwoIR2VuZXJhdGUSKC5waXBlbGluZXJsLmluZmVyZW5jZS52MS5HZW5lcmF0ZVJlcXVlc3QaKS5waXBlbGluZXJsLmluZmVyZW5jZS52MS5HZW5lcmF0ZVJlc3BvbnNlKAEwARJiCglHZXRTdGF0dXMSKS5waXBlbGluZXJsLmluZmVyZW5jZS52MS5HZXRTdGF0dXNSZXF1ZXN0GioucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuR2V0U3RhdHVzUmVzcG9uc2ViBnByb3RvMw", [file_google_rpc_status, file_pipelinerl_common_v1_common]);
+  fileDesc("CidwaXBlbGluZXJsL2luZmVyZW5jZS92MS9pbmZlcmVuY2UucHJvdG8SF3BpcGVsaW5lcmwuaW5mZXJlbmNlLnYxIs0BCg9HZW5lcmF0ZVJlcXVlc3QSNQoGc3VibWl0GAEgASgLMiMucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuU3VibWlzc2lvbkgAEjcKBmNhbmNlbBgCIAEoCzIlLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLkNhbmNlbGxhdGlvbkgAEkAKDHN1Ym1pdF9iYXRjaBgDIAEoCzIoLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLlN1Ym1pc3Npb25CYXRjaEgAQggKBmFjdGlvbiJLCg9TdWJtaXNzaW9uQmF0Y2gSOAoLc3VibWlzc2lvbnMYASADKAsyIy5waXBlbGluZXJsLmluZmVyZW5jZS52MS5TdWJtaXNzaW9uIosCCgpTdWJtaXNzaW9uEhIKCnJlcXVlc3RfaWQYASABKAkSGAoQcHJvbXB0X3Rva2VuX2lkcxgCIAMoBRITCgtwcm9tcHRfdGV4dBgDIAEoCRI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEhUKDXN0cmVhbV90b2tlbnMYBSABKAgSPQoFdHJhY2UYBiADKAsyLi5waXBlbGluZXJsLmluZmVyZW5jZS52MS5TdWJtaXNzaW9uLlRyYWNlRW50cnkaLAoKVHJhY2VFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIiIKDENhbmNlbGxhdGlvbhISCgpyZXF1ZXN0X2lkGAEgASgJIrwCChBHZW5lcmF0ZVJlc3BvbnNlEjUKCGNhcGFjaXR5GAEgASgLMiEucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuQ2FwYWNpdHlIABI0CgVkZWx0YRgCIAEoCzIjLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLlRva2VuRGVsdGFIABI5Cgpjb21wbGV0aW9uGAMgASgLMiMucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuQ29tcGxldGlvbkgAEjYKBWVycm9yGAQgASgLMiUucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuUmVxdWVzdEVycm9ySAASPwoLY29tcGxldGlvbnMYBSABKAsyKC5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Db21wbGV0aW9uQmF0Y2hIAEIHCgVldmVudCJLCg9Db21wbGV0aW9uQmF0Y2gSOAoLY29tcGxldGlvbnMYASADKAsyIy5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Db21wbGV0aW9uIp8BCghDYXBhY2l0eRIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhYKDm1heF9uZXdfdG9rZW5zGAIgASgFEhMKC21heF9jb250ZXh0GAMgASgFEjYKCm1vZGVsX2luZm8YBCABKAsyIi5waXBlbGluZXJsLmluZmVyZW5jZS52MS5Nb2RlbEluZm8SFwoPYWNjZXB0c19iYXRjaGVzGAUgASgIIsoBCglNb2RlbEluZm8SDQoFbW9kZWwYASABKAkSEgoKdm9jYWJfc2l6ZRgCIAEoBRIVCg1lb3NfdG9rZW5faWRzGAMgAygFEhkKDHBhZF90b2tlbl9pZBgEIAEoBUgAiAEBEhkKDGJvc190b2tlbl9pZBgFIAEoBUgBiAEBEhEKCXRva2VuaXplchgGIAEoCRIYChB0b2tlbml6ZXJfc2hhMjU2GAcgASgJQg8KDV9wYWRfdG9rZW5faWRCDwoNX2Jvc190b2tlbl9pZCJVCgpUb2tlbkRlbHRhEhIKCnJlcXVlc3RfaWQYASABKAkSMwoGdG9rZW5zGAIgASgLMiMucGlwZWxpbmVybC5jb21tb24udjEuVG9rZW5TZXF1ZW5jZSK8AQoKQ29tcGxldGlvbhISCgpyZXF1ZXN0X2lkGAEgASgJEhgKEHByb21wdF90b2tlbl9pZHMYAiADKAUSNwoKY29tcGxldGlvbhgDIAEoCzIjLnBpcGVsaW5lcmwuY29tbW9uLnYxLlRva2VuU2VxdWVuY2USDAoEdGV4dBgEIAEoCRI5Cg1maW5pc2hfcmVhc29uGAUgASgOMiIucGlwZWxpbmVybC5jb21tb24udjEuRmluaXNoUmVhc29uIkYKDFJlcXVlc3RFcnJvchISCgpyZXF1ZXN0X2lkGAEgASgJEiIKBnN0YXR1cxgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzIhIKEEdldFN0YXR1c1JlcXVlc3QiqgIKEUdldFN0YXR1c1Jlc3BvbnNlEjsKDndlaWdodF92ZXJzaW9uGAEgASgLMiMucGlwZWxpbmVybC5jb21tb24udjEuV2VpZ2h0VmVyc2lvbhIPCgdydW5uaW5nGAIgASgFEg4KBnF1ZXVlZBgDIAEoBRIUCgx0b2tlbnNfcGVyX3MYBCABKAESEwoLbWF4X3J1bm5pbmcYBSABKAUSFgoOd2VpZ2h0X3VwZGF0ZXMYBiABKAMSHQoVZmFpbGVkX3dlaWdodF91cGRhdGVzGAcgASgDEg4KBmVuZ2luZRgIIAEoCRINCgVtb2RlbBgJIAEoCRI2Cgptb2RlbF9pbmZvGAogASgLMiIucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuTW9kZWxJbmZvMtsBChBJbmZlcmVuY2VTZXJ2aWNlEmMKCEdlbmVyYXRlEigucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuR2VuZXJhdGVSZXF1ZXN0GikucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuR2VuZXJhdGVSZXNwb25zZSgBMAESYgoJR2V0U3RhdHVzEikucGlwZWxpbmVybC5pbmZlcmVuY2UudjEuR2V0U3RhdHVzUmVxdWVzdBoqLnBpcGVsaW5lcmwuaW5mZXJlbmNlLnYxLkdldFN0YXR1c1Jlc3BvbnNlYgZwcm90bzM", [file_google_rpc_status, file_pipelinerl_common_v1_common]);
 
 /**
  * A message from client to server on the Generate stream.
@@ -47,6 +47,16 @@ export type GenerateRequest = Message<"pipelinerl.inference.v1.GenerateRequest">
      */
     value: Cancellation;
     case: "cancel";
+  } | {
+    /**
+     * Start several requests: each is handled exactly as if it had come in a `submit` of its own,
+     * in order (the flow-control window counts each one), except that their completions may come
+     * back together in `CompletionBatch` messages.
+     *
+     * @generated from field: pipelinerl.inference.v1.SubmissionBatch submit_batch = 3;
+     */
+    value: SubmissionBatch;
+    case: "submitBatch";
   } | { case: undefined; value?: undefined };
 };
 
@@ -56,6 +66,27 @@ export type GenerateRequest = Message<"pipelinerl.inference.v1.GenerateRequest">
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_pipelinerl_inference_v1_inference, 0);
+
+/**
+ * Several submissions in one message: one message each way per batch instead of one per request.
+ *
+ * @generated from message pipelinerl.inference.v1.SubmissionBatch
+ */
+export type SubmissionBatch = Message<"pipelinerl.inference.v1.SubmissionBatch"> & {
+  /**
+   * The requests, at most `Capacity.max_in_flight` of them.
+   *
+   * @generated from field: repeated pipelinerl.inference.v1.Submission submissions = 1;
+   */
+  submissions: Submission[];
+};
+
+/**
+ * Describes the message pipelinerl.inference.v1.SubmissionBatch.
+ * Use `create(SubmissionBatchSchema)` to create a new message.
+ */
+export const SubmissionBatchSchema: GenMessage<SubmissionBatch> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_inference_v1_inference, 1);
 
 /**
  * A new generation request.
@@ -117,7 +148,7 @@ export type Submission = Message<"pipelinerl.inference.v1.Submission"> & {
  * Use `create(SubmissionSchema)` to create a new message.
  */
 export const SubmissionSchema: GenMessage<Submission> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 1);
+  messageDesc(file_pipelinerl_inference_v1_inference, 2);
 
 /**
  * Stop a running request.
@@ -138,7 +169,7 @@ export type Cancellation = Message<"pipelinerl.inference.v1.Cancellation"> & {
  * Use `create(CancellationSchema)` to create a new message.
  */
 export const CancellationSchema: GenMessage<Cancellation> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 2);
+  messageDesc(file_pipelinerl_inference_v1_inference, 3);
 
 /**
  * A message from server to client on the Generate stream.
@@ -183,6 +214,14 @@ export type GenerateResponse = Message<"pipelinerl.inference.v1.GenerateResponse
      */
     value: RequestError;
     case: "error";
+  } | {
+    /**
+     * Finished requests that were submitted in a `SubmissionBatch`, in the order they finished.
+     *
+     * @generated from field: pipelinerl.inference.v1.CompletionBatch completions = 5;
+     */
+    value: CompletionBatch;
+    case: "completions";
   } | { case: undefined; value?: undefined };
 };
 
@@ -191,7 +230,28 @@ export type GenerateResponse = Message<"pipelinerl.inference.v1.GenerateResponse
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 3);
+  messageDesc(file_pipelinerl_inference_v1_inference, 4);
+
+/**
+ * Several completions in one message.
+ *
+ * @generated from message pipelinerl.inference.v1.CompletionBatch
+ */
+export type CompletionBatch = Message<"pipelinerl.inference.v1.CompletionBatch"> & {
+  /**
+   * Each one as a `completion` event would carry it.
+   *
+   * @generated from field: repeated pipelinerl.inference.v1.Completion completions = 1;
+   */
+  completions: Completion[];
+};
+
+/**
+ * Describes the message pipelinerl.inference.v1.CompletionBatch.
+ * Use `create(CompletionBatchSchema)` to create a new message.
+ */
+export const CompletionBatchSchema: GenMessage<CompletionBatch> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_inference_v1_inference, 5);
 
 /**
  * The server's flow-control window and limits.
@@ -228,6 +288,14 @@ export type Capacity = Message<"pipelinerl.inference.v1.Capacity"> & {
    * @generated from field: pipelinerl.inference.v1.ModelInfo model_info = 4;
    */
   modelInfo?: ModelInfo | undefined;
+
+  /**
+   * The server takes `submit_batch` (and answers with `CompletionBatch`). A server that predates
+   * batching leaves it false and must be sent single `submit`s.
+   *
+   * @generated from field: bool accepts_batches = 5;
+   */
+  acceptsBatches: boolean;
 };
 
 /**
@@ -235,7 +303,7 @@ export type Capacity = Message<"pipelinerl.inference.v1.Capacity"> & {
  * Use `create(CapacitySchema)` to create a new message.
  */
 export const CapacitySchema: GenMessage<Capacity> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 4);
+  messageDesc(file_pipelinerl_inference_v1_inference, 6);
 
 /**
  * What a client needs to build prompts for this server and read its completions.
@@ -301,7 +369,7 @@ export type ModelInfo = Message<"pipelinerl.inference.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 5);
+  messageDesc(file_pipelinerl_inference_v1_inference, 7);
 
 /**
  * Tokens generated since the previous delta of the same request.
@@ -329,7 +397,7 @@ export type TokenDelta = Message<"pipelinerl.inference.v1.TokenDelta"> & {
  * Use `create(TokenDeltaSchema)` to create a new message.
  */
 export const TokenDeltaSchema: GenMessage<TokenDelta> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 6);
+  messageDesc(file_pipelinerl_inference_v1_inference, 8);
 
 /**
  * The result of one request.
@@ -378,7 +446,7 @@ export type Completion = Message<"pipelinerl.inference.v1.Completion"> & {
  * Use `create(CompletionSchema)` to create a new message.
  */
 export const CompletionSchema: GenMessage<Completion> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 7);
+  messageDesc(file_pipelinerl_inference_v1_inference, 9);
 
 /**
  * One request failed.
@@ -407,7 +475,7 @@ export type RequestError = Message<"pipelinerl.inference.v1.RequestError"> & {
  * Use `create(RequestErrorSchema)` to create a new message.
  */
 export const RequestErrorSchema: GenMessage<RequestError> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 8);
+  messageDesc(file_pipelinerl_inference_v1_inference, 10);
 
 /**
  * Asks for the server's status.
@@ -422,7 +490,7 @@ export type GetStatusRequest = Message<"pipelinerl.inference.v1.GetStatusRequest
  * Use `create(GetStatusRequestSchema)` to create a new message.
  */
 export const GetStatusRequestSchema: GenMessage<GetStatusRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 9);
+  messageDesc(file_pipelinerl_inference_v1_inference, 11);
 
 /**
  * Server status.
@@ -506,7 +574,7 @@ export type GetStatusResponse = Message<"pipelinerl.inference.v1.GetStatusRespon
  * Use `create(GetStatusResponseSchema)` to create a new message.
  */
 export const GetStatusResponseSchema: GenMessage<GetStatusResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_inference_v1_inference, 10);
+  messageDesc(file_pipelinerl_inference_v1_inference, 12);
 
 /**
  * Generates completions.
@@ -521,6 +589,11 @@ export const InferenceService: GenService<{
    * `Capacity.max_in_flight` requests on the stream that have not yet received a `Completion` or
    * `RequestError`. The server sends a new `Capacity` whenever that number changes. A request over
    * the limit is answered with a `RequestError` of code RESOURCE_EXHAUSTED.
+   *
+   * Batching: a client may send several submissions in one `SubmissionBatch` message (when the
+   * server's `Capacity.accepts_batches` says it takes them); the completions of requests submitted
+   * that way may come back several to a message, as a `CompletionBatch`. A request submitted alone
+   * is always answered alone, so a client that never batches never sees a `CompletionBatch`.
    *
    * Errors of one request (bad sampling parameters, prompt too long, ...) come back as a
    * `RequestError` with code INVALID_ARGUMENT and a google.rpc.BadRequest detail; the stream and
