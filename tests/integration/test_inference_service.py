@@ -46,6 +46,60 @@ async def test_many_requests_never_exceed_the_advertised_window(backend_address)
         assert c.finish_reason is FinishReason.LENGTH and c.prompt_token_ids == [i]
 
 
+@pytest.mark.parametrize("server_batches", [True, False])
+async def test_concurrent_requests_share_messages_when_the_server_takes_batches(
+    start_server, monkeypatch: pytest.MonkeyPatch, server_batches: bool
+) -> None:
+    """Requests submitted together leave in one SubmissionBatch and come back in CompletionBatches;
+    to a server that does not say `accepts_batches` (one that predates them) each goes alone."""
+    if not server_batches:
+        real = inference_server.capacity_to_proto
+
+        def capacity_without_batches(*args: object) -> pb.GenerateResponse:
+            response = real(*args)  # type: ignore[arg-type]
+            response.capacity.accepts_batches = False
+            return response
+
+        monkeypatch.setattr(inference_server, "capacity_to_proto", capacity_without_batches)
+    places: list[str] = []
+    real_submit = inference_server._GenerateStream._submit
+
+    def submit(stream: object, msg: pb.Submission, where: str, *, batched: bool = False) -> None:
+        places.append(where)
+        real_submit(stream, msg, where, batched=batched)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inference_server._GenerateStream, "_submit", submit)
+    address = await start_server(
+        inference_server.registration(inference_server.InferenceServicer(FakeBackend()))
+    )
+    async with InferenceClient(address) as client, client.session() as session:
+        requests = [GenerationRequest(f"r{i}", [i], SamplingParams(max_new_tokens=3)) for i in range(8)]
+        completions = await asyncio.gather(*(session.generate(r) for r in requests))
+    assert [c.tokens.token_ids for c in completions] == [[i + 1, i + 2, i + 3] for i in range(8)]
+    if server_batches:
+        window = FakeBackend.limits.max_running  # 4: the first four leave together, the rest as slots free
+        assert places[:window] == [f"submit_batch.submissions[{i}]" for i in range(window)], places
+        assert len(places) == 8 and all(place.startswith("submit_batch.") for place in places), places
+    else:
+        assert places == ["submit"] * 8
+
+
+async def test_a_request_cancelled_before_its_batch_leaves_never_reaches_the_server(backend_address) -> None:
+    backend, address = backend_address
+    async with InferenceClient(address) as client, client.session() as session:
+        doomed = asyncio.create_task(session.generate(GenerationRequest("doomed", [1], SamplingParams())))
+        kept = asyncio.create_task(
+            session.generate(GenerationRequest("kept", [2], SamplingParams(max_new_tokens=2)))
+        )
+        await asyncio.sleep(0)  # both are in the outbox; the writer has not run yet
+        doomed.cancel()
+        assert (await kept).tokens.token_ids == [3, 4]
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        assert session.in_flight == 0
+    assert backend.peak_running == 1
+
+
 async def test_streamed_deltas_carry_every_token_once(backend_address) -> None:
     """The last step's token too: a client that renders deltas sees the whole completion."""
     _, address = backend_address
