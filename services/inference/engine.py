@@ -12,8 +12,8 @@ its own loop and routes the outputs; tests drive it directly.
             2. apply aborts: their rows leave the batch, the cache row is freed
             3. decode: ONE forward over all running rows (1 token each), sample, +1 token per row
             4. admit newcomers into free rows (≤ max_running, ≤ max_prefill_tokens) and prefill
-               them in ONE left-padded forward; their first token comes from it, so they join
-               the decode batch at the next step
+               them in ONE left-padded forward, each distinct prompt once (a group's attempts share
+               theirs); their first token comes from it, so they join the decode batch next step
             5. finished rows leave (stop token, stop string, max_new_tokens) and the last row
                moves into each hole, so running rows are always 0..n-1
             A decode or prefill that raises is retried one request at a time; a request that still
@@ -312,13 +312,17 @@ class InferenceEngine:
     def _prefill(self, rows: list[int]) -> None:
         """Prompts of these running rows (not yet prefilled), left-padded to the longest one, so the
         last column holds every row's next-token logits; the cache stores each prompt from index 0
-        (padding is never written)."""
+        (padding is never written). A prompt that several rows share (the attempts of one group) is
+        computed once: its cache row is copied to the others, which sample from the same logits."""
         newcomers = [self._running[row] for row in rows]
+        unique: dict[tuple[int, ...], int] = {}
+        owners = [unique.setdefault(tuple(s.request.prompt_token_ids), len(unique)) for s in newcomers]
+        computed = [rows[owners.index(i)] for i in range(len(unique))]
         device = self.model.device
-        prompts = [s.request.prompt_token_ids for s in newcomers]
+        prompts = [list(prompt) for prompt in unique]
         width = max(len(prompt) for prompt in prompts)
         starts = torch.tensor([width - len(prompt) for prompt in prompts], device=device)
-        padded = [[self._pad_id] * (width - len(prompt)) + list(prompt) for prompt in prompts]
+        padded = [[self._pad_id] * (width - len(prompt)) + prompt for prompt in prompts]
         input_ids = torch.tensor(padded, device=device)  # one tensor, not one copy per row
         columns = torch.arange(width, device=device)
         real = columns[None, :] >= starts[:, None]
@@ -326,14 +330,17 @@ class InferenceEngine:
         causal = columns[None, :] <= columns[:, None]
         allowed = (causal[None, :, :] & real[:, None, :])[:, None]
         plan = CachePlan(
-            rows=torch.tensor(rows, device=device)[:, None].expand(-1, width)[real],
+            rows=torch.tensor(computed, device=device)[:, None].expand(-1, width)[real],
             positions=positions[real],
             real=real,
             capacity=capacity_for(width, self.max_model_len),
             read=None,
         )
         logits = self._forward(input_ids, positions, allowed, plan)
-        self._append_sampled(newcomers, logits)
+        for row, owner, sequence in zip(rows, owners, newcomers, strict=True):
+            if row != computed[owner]:
+                self._cache.copy_row(computed[owner], row, len(sequence.request.prompt_token_ids))
+        self._append_sampled(newcomers, logits[owners])
 
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, plan: CachePlan
@@ -388,7 +395,7 @@ class InferenceEngine:
         for row in sorted(rows, reverse=True):
             last = len(self._running) - 1
             if row != last:
-                self._cache.move_row(last, row, self._running[last].next_position)
+                self._cache.copy_row(last, row, self._running[last].next_position)
                 self._running[row] = self._running[last]
             self._running.pop()
 

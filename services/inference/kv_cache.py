@@ -76,9 +76,11 @@ class SlotKVCache(Cache):
     def plan(self, plan: CachePlan) -> None:
         self._plan = plan
 
-    def move_row(self, source: int, target: int, length: int) -> None:
+    def copy_row(self, source: int, target: int, length: int) -> None:
+        """Row `target` gets row `source`'s first `length` positions (a shared prompt, or the last
+        row moving into a hole)."""
         for layer in self._slots:
-            layer.move_row(source, target, length)
+            layer.copy_row(source, target, length)
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -107,7 +109,7 @@ class _SlotLayer(CacheLayerMixin):
         rows, kv_len = plan.read
         return keys[rows, :, :kv_len], values[rows, :, :kv_len]
 
-    def move_row(self, source: int, target: int, length: int) -> None:
+    def copy_row(self, source: int, target: int, length: int) -> None:
         if self.keys is None or self.values is None:
             return  # nothing was ever written
         self.keys[target, :, :length] = self.keys[source, :, :length]

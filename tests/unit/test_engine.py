@@ -72,6 +72,40 @@ def test_greedy_equals_hf_generate_with_requests_joining_mid_flight(tiny: Loaded
         assert finals[f"r{i}"].finish_reason == FinishReason.LENGTH
 
 
+def test_a_prompt_shared_by_a_group_is_prefilled_once_and_each_row_decodes_as_if_alone(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four attempts of one prompt and one other prompt, admitted together: one prefill row per
+    distinct prompt; greedy attempts match HF generate, seeded ones their run alone."""
+    prefilled_rows: list[int] = []
+    real_forward = InferenceEngine._forward
+
+    def forward(engine: InferenceEngine, input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        if input_ids.shape[1] > 1:
+            prefilled_rows.append(input_ids.shape[0])
+        return real_forward(engine, input_ids, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(InferenceEngine, "_forward", forward)
+    shared, other = encode(tiny, PROMPTS[1]), encode(tiny, PROMPTS[0])
+    seeded = [SamplingParams(seed=i, max_new_tokens=12) for i in range(2)]
+    engine = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
+    for i in range(2):
+        engine.add_request(request(f"greedy{i}", shared))
+        engine.add_request(request(f"seeded{i}", shared, seeded[i]))
+    engine.add_request(request("other", other))
+    finals = run(engine)
+    assert prefilled_rows == [2]
+    for i in range(2):
+        assert finals[f"greedy{i}"].tokens.token_ids == hf_greedy(tiny, shared, GREEDY.max_new_tokens)
+    assert finals["other"].tokens.token_ids == hf_greedy(tiny, other, GREEDY.max_new_tokens)
+    for i in range(2):
+        alone = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
+        alone.add_request(request("alone", shared, seeded[i]))
+        expected = run(alone)["alone"].tokens
+        assert finals[f"seeded{i}"].tokens.token_ids == expected.token_ids
+        torch.testing.assert_close(finals[f"seeded{i}"].tokens.logprobs, expected.logprobs, atol=1e-5, rtol=0)
+
+
 def test_eos_ends_a_sequence_like_hf_generate(tiny: LoadedModel) -> None:
     engine = InferenceEngine(tiny.model, tiny.tokenizer)
     prompt = encode(tiny, "a")
