@@ -297,7 +297,7 @@ class RunLoop:
             return
         self._failures_in_a_row = 0
         versions = sorted(set(completion.tokens.versions))
-        log.info("attempt generated", server=server, tokens=len(completion.tokens), versions=versions,
+        log.debug("attempt generated", server=server, tokens=len(completion.tokens), versions=versions,
                  finish_reason=completion.finish_reason.value)  # fmt: skip
         self._journal.mark_generated(
             attempt.sample_id, completion.prompt_token_ids, completion.tokens, completion.text,
@@ -326,7 +326,7 @@ class RunLoop:
                 attempt.state = "acked"
                 continue
             correct = any(d.verifier == group.verifier and d.score >= 1.0 for d in result.details)
-            log.info("attempt scored", sample_id=attempt.sample_id, reward=result.reward, correct=correct)
+            log.debug("attempt scored", sample_id=attempt.sample_id, reward=result.reward, correct=correct)
             attempt.state, attempt.reward, attempt.correct = "scored", result.reward, correct
             scored.append((attempt.sample_id, result.reward, correct))
             self._rewards.append(result.reward)
@@ -349,7 +349,7 @@ class RunLoop:
             self._groups_at_trainer -= 1
         for sample in samples:
             ack = acks[sample.sample_id]  # the submitter has journaled it
-            log.info("attempt acked", sample_id=sample.sample_id, disposition=ack.disposition.value,
+            log.debug("attempt acked", sample_id=sample.sample_id, disposition=ack.disposition.value,
                      version=ack.version)  # fmt: skip
             if ack.disposition in (Disposition.TRAINED, Disposition.DUPLICATE):
                 self._counts.trained += 1

@@ -178,7 +178,7 @@ class _GenerateStream:
                     )
                     self._complete(done)
                     self._metrics.finished(update.finish_reason, len(tokens))
-                    log.info("generated", tokens=len(tokens), versions=sorted(set(tokens.versions)),
+                    log.debug("generated", tokens=len(tokens), versions=sorted(set(tokens.versions)),
                              finish_reason=update.finish_reason.value)  # fmt: skip
         except PipelineError as exc:
             if isinstance(exc, InvalidArgument):  # the engine names fields of the Submission

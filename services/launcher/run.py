@@ -102,8 +102,10 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "engine": settings.engine,
         "device": settings.device,
     }
-    # Every service's: metrics on a free port (0), and what it requires of its callers.
-    shared: dict[str, Any] = {"metrics_port": 0} if settings.metrics else {}
+    # Every service's: its log level, metrics on a free port (0), and what it requires of its callers.
+    shared: dict[str, Any] = {"log_level": settings.log_level}
+    if settings.metrics:
+        shared["metrics_port"] = 0
     if settings.auth_token is not None:
         shared["auth_token"] = settings.auth_token
     if settings.tls_cert_file is not None and settings.tls_key_file is not None:

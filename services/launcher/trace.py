@@ -3,11 +3,12 @@ coordinator's journal (`<run_dir>/journal.sqlite`) and every service's log (`<ru
 
     attempt run-p3-a1 of group run-p3, run run: acked (trained), version 5
       server 127.0.0.1:40123, 3 tokens of versions [3, 4], finish stop, reward 0.5, correct no
-    inference-0  2026-12-04T18:27:44.180Z [info] generated  tokens=3 versions=[3, 4] …
-    coordinator  2026-12-04T18:27:44.203Z [info] attempt generated  server=127.0.0.1:40123 …
+    inference-0  2026-12-04T18:27:44.180Z [debug] generated  tokens=3 versions=[3, 4] …
+    coordinator  2026-12-04T18:27:44.203Z [debug] attempt generated  server=127.0.0.1:40123 …
 
-Every service logs an attempt's events with its id (`sample_id`), so the log lines are those
-that name it, whatever their format (console or JSON), in time order.
+Every service logs an attempt's events with its id (`sample_id`), at debug level for an attempt
+that goes well, so the log lines are those that name it, whatever their format (console or JSON),
+in time order; at info level a run's logs name only the attempts that went wrong.
 """
 
 from __future__ import annotations

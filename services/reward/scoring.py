@@ -117,7 +117,8 @@ class Scorer:
         for result in results:
             outcome = _outcome(result)
             self._outcomes[outcome] += 1
-            log.info("item scored", sample_id=result.sample_id, status=outcome, reward=result.reward)
+            emit = log.debug if outcome == "scored" else log.warning  # a failed item is news at any level
+            emit("item scored", sample_id=result.sample_id, status=outcome, reward=result.reward)
         return results
 
     def list_verifiers(self) -> list[VerifierInfo]:

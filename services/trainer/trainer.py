@@ -200,9 +200,10 @@ class Trainer:
 
         def observed(ack: SampleAck) -> None:
             self.metrics.acked(ack.disposition)
-            if ack.disposition is not Disposition.ACCEPTED:
-                log.info("sample acked", sample_id=ack.sample_id, group_id=sample.group_id,
-                         disposition=ack.disposition.value, version=ack.version)  # fmt: skip
+            if ack.disposition is not Disposition.ACCEPTED:  # a refused sample is news at any level
+                emit = log.warning if ack.disposition is Disposition.REJECTED else log.debug
+                emit("sample acked", sample_id=ack.sample_id, group_id=sample.group_id,
+                     disposition=ack.disposition.value, version=ack.version)  # fmt: skip
             on_ack(ack)
 
         return observed

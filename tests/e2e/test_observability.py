@@ -79,6 +79,7 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
         max_samples=BUDGET,
         samples_per_step=32,
         duration_s=300,
+        log_level="debug",  # the per-attempt lines that `pipelinerl trace` shows
         trainer={"tracking": tracking},
     )
     processes: list[ServiceProcess] = []

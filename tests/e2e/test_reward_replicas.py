@@ -27,7 +27,9 @@ def scored_ids(log: Path) -> list[str]:
 
 async def test_a_killed_reward_replica_loses_no_sample_and_scores_none_twice(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    settings = RunSettings(run_dir=run_dir, max_samples=BUDGET, reward_servers=2, duration_s=300)
+    settings = RunSettings(  # debug: each replica logs the items it scores
+        run_dir=run_dir, max_samples=BUDGET, reward_servers=2, duration_s=300, log_level="debug"
+    )
     processes: list[ServiceProcess] = []
     killed: list[int] = []
 

@@ -89,8 +89,9 @@ def test_a_section_overrides_only_the_fields_it_gives(tmp_path: Path) -> None:
     assert configs["trainer"]["learner"]["loss"] == {"kind": "ppo", "entropy_coef": settings.entropy_coef}
     assert configs["trainer"]["learner"]["lr"] == 0.01  # the launcher's value, from the run's `lr`
     assert configs["trainer"]["samples_per_step"] == settings.samples_per_step
-    # no service default is written as if it were given; metrics_port 0 is the launcher's (a free port)
-    assert configs["reward"] == {"workers": 3, "metrics_port": 0}
+    # no service default is written as if it were given; metrics_port 0 (a free port) and the log
+    # level are the launcher's
+    assert configs["reward"] == {"workers": 3, "metrics_port": 0, "log_level": "info"}
     assert "port" not in configs["inference"]
 
 
