@@ -337,9 +337,11 @@ class InferenceEngine:
             read=None,
         )
         logits = self._forward(input_ids, positions, allowed, plan)
-        for row, owner, sequence in zip(rows, owners, newcomers, strict=True):
-            if row != computed[owner]:
-                self._cache.copy_row(computed[owner], row, len(sequence.request.prompt_token_ids))
+        copies = [
+            (computed[owner], row) for row, owner in zip(rows, owners, strict=True) if row != computed[owner]
+        ]
+        if copies:
+            self._cache.copy_rows([source for source, _ in copies], [target for _, target in copies], width)
         self._append_sampled(newcomers, logits[owners])
 
     def _forward(
@@ -391,13 +393,20 @@ class InferenceEngine:
         return outputs
 
     def _release(self, rows: list[int]) -> None:
-        """Remove rows from the batch; the last row moves into each hole so rows stay contiguous."""
-        for row in sorted(rows, reverse=True):
-            last = len(self._running) - 1
-            if row != last:
-                self._cache.copy_row(last, row, self._running[last].next_position)
-                self._running[row] = self._running[last]
-            self._running.pop()
+        """Remove rows from the batch; rows past the new end move into the holes below it (one
+        batched cache copy), so running rows stay 0..n-1."""
+        if not rows:
+            return
+        removed = set(rows)
+        end = len(self._running) - len(removed)
+        holes = [row for row in sorted(removed) if row < end]
+        movers = [row for row in range(end, len(self._running)) if row not in removed]
+        if movers:
+            length = max(self._running[row].next_position for row in movers)
+            self._cache.copy_rows(movers, holes, length)
+            for hole, mover in zip(holes, movers, strict=True):
+                self._running[hole] = self._running[mover]
+        del self._running[end:]
 
     def _final_update(self, sequence: SequenceState, reason: FinishReason) -> GenerationUpdate:
         request = sequence.request

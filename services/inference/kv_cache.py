@@ -76,11 +76,17 @@ class SlotKVCache(Cache):
     def plan(self, plan: CachePlan) -> None:
         self._plan = plan
 
-    def copy_row(self, source: int, target: int, length: int) -> None:
-        """Row `target` gets row `source`'s first `length` positions (a shared prompt, or the last
-        row moving into a hole)."""
+    def copy_rows(self, sources: list[int], targets: list[int], length: int) -> None:
+        """Each row of `targets` gets the first `length` positions of the row of `sources` at the
+        same index (a shared prompt, or a row moving into a hole), in one copy per buffer. Positions
+        a source row has not written yet come along too: the target's mask hides them until its
+        own writes replace them."""
+        if self._slots[0].keys is None:
+            return  # nothing was ever written
+        device = self._slots[0].keys.device
+        source, target = torch.tensor(sources, device=device), torch.tensor(targets, device=device)
         for layer in self._slots:
-            layer.copy_row(source, target, length)
+            layer.copy_rows(source, target, length)
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -109,7 +115,7 @@ class _SlotLayer(CacheLayerMixin):
         rows, kv_len = plan.read
         return keys[rows, :, :kv_len], values[rows, :, :kv_len]
 
-    def copy_row(self, source: int, target: int, length: int) -> None:
+    def copy_rows(self, source: torch.Tensor, target: torch.Tensor, length: int) -> None:
         if self.keys is None or self.values is None:
             return  # nothing was ever written
         self.keys[target, :, :length] = self.keys[source, :, :length]
