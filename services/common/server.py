@@ -226,9 +226,12 @@ class GrpcServer:
         if self.settings.metrics_port is not None:
             self._metrics = MetricsEndpoint(self.registry, self.settings.host, self.settings.metrics_port)
         log.info("serving", address=self.address, services=names, tls=self.settings.tls_cert_file is not None)
-        if self.settings.ready_file is not None:  # a reader sees the whole address or no file
+        if self.settings.ready_file is not None:  # a reader sees the whole file or no file
+            lines = [self.address]
+            if self.metrics_port is not None:
+                lines.append(f"metrics {join_host_port(self.settings.host, self.metrics_port)}")
             partial = self.settings.ready_file.with_name(self.settings.ready_file.name + ".partial")
-            partial.write_text(self.address + "\n")
+            partial.write_text("\n".join(lines) + "\n")
             partial.replace(self.settings.ready_file)
         for hook in self.on_start:
             await hook()

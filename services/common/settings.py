@@ -88,7 +88,8 @@ class ServiceSettings(LayeredSettings):
     """Port to bind; 0 picks a free one (logged at start-up, and written to `ready_file`)."""
     ready_file: Path | None = None
     """Once serving, write the bound `host:port` here (replaced atomically), so that a script
-    starting the service with port 0 learns where it listens without parsing logs."""
+    starting the service with port 0 learns where it listens without parsing logs. When `/metrics`
+    is served, a second line says where: `metrics host:port`."""
     auth_token: str | None = None
     """If set, every call except health checks must send `authorization: Bearer <token>`."""
     tls_cert_file: Path | None = None

@@ -1,5 +1,6 @@
-"""The service processes of a local run: started with their own config file on a free port,
-pinned to cores where that helps, awaited until healthy, stopped by their own handle."""
+"""The service processes of a local run: started with their own config file, each binding a port of
+its own choosing (port 0, reported in its ready file, so that runs started at once never race for
+one), pinned to cores where that helps, awaited until healthy, stopped by their own handle."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
-from pipelinerl.common.channel import free_port
 from pipelinerl.common.health import wait_until_serving
 from pipelinerl.common.log import get_logger
 
@@ -26,21 +26,34 @@ log = get_logger(__name__)
 @dataclass
 class ServiceProcess:
     name: str
-    port: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    ready_file: Path
+    """Where the service writes the ports it bound, once it serves."""
+    port: int = 0
+    """The gRPC port, known once `wait_healthy` has returned."""
     metrics_port: int | None = None
-    """Where the service serves `/metrics`, if it does."""
+    """Where the service serves `/metrics`, if it does (known with `port`)."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     async def wait_healthy(self, timeout_s: float, tls_ca_file: Path | None = None) -> None:
-        """Until the service is SERVING, verified with `tls_ca_file` when it speaks TLS; RuntimeError
-        with the end of its log if it is not within `timeout_s`, or as soon as it exits."""
+        """Until the service has bound its ports and is SERVING, verified with `tls_ca_file` when it
+        speaks TLS; RuntimeError with the end of its log if it is not within `timeout_s`, or as soon
+        as it exits."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.ready_file.exists() and self.process.poll() is None:
+            if asyncio.get_running_loop().time() > deadline:
+                self._failed(f"did not serve within {timeout_s}s")
+            await asyncio.sleep(0.1)
+        if self.process.poll() is not None:
+            self._failed(f"exited with status {self.process.poll()}")
+        self._read_ports()
+        left = max(deadline - asyncio.get_running_loop().time(), 1.0)
         serving = asyncio.ensure_future(
-            wait_until_serving(self.address, timeout_s=timeout_s, tls_ca_file=tls_ca_file)
+            wait_until_serving(self.address, timeout_s=left, tls_ca_file=tls_ca_file)
         )
         while not serving.done() and self.process.poll() is None:
             await asyncio.wait([serving], timeout=0.5)
@@ -50,7 +63,19 @@ class ServiceProcess:
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         code = self.process.poll()
-        why = f"did not become healthy within {timeout_s}s" if code is None else f"exited with status {code}"
+        self._failed(
+            f"did not become healthy within {timeout_s}s" if code is None else f"exited with status {code}"
+        )
+
+    def _read_ports(self) -> None:
+        """From the ready file: `host:port`, then `metrics host:port` when it serves /metrics."""
+        first, *rest = self.ready_file.read_text().split("\n")
+        self.port = int(first.rsplit(":", 1)[1])
+        for line in rest:
+            if line.startswith("metrics "):
+                self.metrics_port = int(line.rsplit(":", 1)[1])
+
+    def _failed(self, why: str) -> NoReturn:
         tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
         raise RuntimeError(f"{self.name} {why}; its log ends:\n{tail}")
 
@@ -87,10 +112,14 @@ def start_service(
     """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`; with
     `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
     The CPU seconds of torchrun's ranks count once they have exited."""
-    port = int(settings.get("port") or free_port())
-    config = {**settings, "port": port, "host": "127.0.0.1"}
-    if config.get("metrics_port") == 0:  # chosen here, as `port` is, so that the launcher knows it
-        config["metrics_port"] = free_port()
+    ready_file = run_dir / f"{name}.address"
+    ready_file.unlink(missing_ok=True)  # a resumed run's: the new process writes its own
+    config = {
+        **settings,
+        "port": settings.get("port") or 0,
+        "host": "127.0.0.1",
+        "ready_file": str(ready_file),
+    }
     config_path = run_dir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log_path = run_dir / f"{name}.log"
@@ -106,8 +135,8 @@ def start_service(
             env=env,
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
-    log.info("started", service=name, pid=process.pid, port=port, cores=sorted(cores) if cores else "any")
-    return ServiceProcess(name, port, process, log_path, config.get("metrics_port"))
+    log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any")
+    return ServiceProcess(name, process, log_path, ready_file)
 
 
 async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
@@ -137,5 +166,5 @@ def write_targets(path: Path, processes: list[ServiceProcess]) -> None:
 def _launcher(python: str, ranks: int) -> list[str]:
     if ranks == 1:
         return [python]
-    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), *rendezvous]
+    # --standalone: the rendezvous binds a free port of its own choosing
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
