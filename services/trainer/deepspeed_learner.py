@@ -82,6 +82,7 @@ class DeepSpeedLearner(TorchLearner):
             dist.broadcast_object_list(box, src=0, group=self._calls)
             name, args = box[0]
             if name == "close":
+                self._leave()
                 return
             try:
                 result = getattr(self, name)(*args)
@@ -122,6 +123,15 @@ class DeepSpeedLearner(TorchLearner):
 
     def close(self) -> None:
         self._send("close")
+        self._leave()
+
+    def _leave(self) -> None:
+        """Every rank, once it has closed: wait for the others, then take the process groups down
+        before the process exits (a rank exiting with gloo's threads alive could abort with
+        `terminate called without an active exception`)."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
     # ---- the hooks of TorchLearner --------------------------------------------------------------
 
