@@ -75,15 +75,16 @@ class GenerateSession:
         self._writer = asyncio.create_task(self._write_batches())
         await self._capacity.wait()
         if self._ended is not None:
+            await self.__aexit__()  # `async with` does not call it when entering fails
             raise self._gone()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._call is not None:
             self._call.cancel()
+        if self._writer is not None:
+            self._writer.cancel()
         tasks = [task for task in (self._reader, self._writer) if task is not None]
-        for task in tasks[1:]:
-            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_outbox()
 
