@@ -9,7 +9,9 @@ journal's record of what the trainer did with each sample.
 until the trainer's `durable_version` covers its step. If the stream breaks (the trainer
 restarts), it is reopened and every sample not final, or trained but not durable, is sent again:
 a trainer that still has it acks DUPLICATE, one restarted from an older checkpoint trains it
-again. Either way its gradient ends up in the trainer's checkpointed weights once.
+again. Either way its gradient ends up in the trainer's checkpointed weights once. A flush that the
+broken stream carried is sent again after them: a run whose groups all wait on the trainer sends
+no other, and a restarted trainer holding a partial step would wait for samples that never come.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class TrainerSubmitter:
         self._answered = asyncio.Event()
         """Set on every response of the trainer (acks, a new durable version, or both)."""
         self._task: asyncio.Task[None] | None = None
+        self._flushed: Flush | None = None
+        """The last flush the current stream carried (a checkpoint asked for on it included)."""
         self.latest_version = 0
         self.durable_version = -1
 
@@ -88,8 +92,13 @@ class TrainerSubmitter:
             await self._answered.wait()
 
     async def _batches(self) -> AsyncIterator[list[Sample] | Flush]:
+        self._flushed = None  # a new stream
         while True:
-            yield await self._queue.get()
+            item = await self._queue.get()
+            if isinstance(item, Flush):
+                checkpoint = item.checkpoint or (self._flushed is not None and self._flushed.checkpoint)
+                self._flushed = Flush(checkpoint)
+            yield item
 
     async def _stream_forever(self) -> None:
         while True:
@@ -152,8 +161,9 @@ class TrainerSubmitter:
         self._answered.set()
 
     def _requeue(self) -> None:
-        """Resend, by group, what is not final or not durable; a flush that was queued stays."""
-        flushes = []
+        """Resend, by group, what is not final or not durable; then a flush, if one was queued or
+        the broken stream carried one."""
+        flushes = [self._flushed] if self._flushed is not None else []
         while not self._queue.empty():
             if isinstance(item := self._queue.get_nowait(), Flush):
                 flushes.append(item)

@@ -51,7 +51,8 @@ class RunSettings(LayeredSettings):
     samples_per_step: int = Field(default=128, ge=1)
     """Samples per optimizer step (one new weight version each); in sync mode also the round size."""
     max_in_flight: int = Field(default=256, ge=2)
-    """Attempts dispatched and not yet acknowledged by the trainer (pipeline mode)."""
+    """Attempts dispatched and not yet acknowledged by the trainer (pipeline mode); at least
+    `samples_per_step`, or no step is ever full."""
     round_steps: int = Field(default=1, ge=1)
     """Sync mode: optimizer steps per generation round. 1 is the synchronous baseline (a round of
     `samples_per_step`, trained by one step on the version that generated it). Above 1 it is the
@@ -120,6 +121,15 @@ class RunSettings(LayeredSettings):
     """Settings of every inference server, over the launcher's."""
     coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings.model_construct)
     """Settings of the coordinator, over the launcher's."""
+
+    @model_validator(mode="after")
+    def _full_steps(self) -> Self:
+        if self.mode == "pipeline" and self.max_in_flight < self.samples_per_step:
+            raise ValueError(
+                f"max_in_flight ({self.max_in_flight}) must be at least samples_per_step "
+                f"({self.samples_per_step}): fewer attempts in flight never fill a step"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Self:

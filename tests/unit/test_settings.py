@@ -146,3 +146,11 @@ def test_reward_servers_are_at_least_one(tmp_path: Path) -> None:
     assert settings.reward_servers == 3
     with pytest.raises(ValidationError):
         RunSettings(run_dir=tmp_path, reward_servers=0)
+
+
+def test_a_window_smaller_than_a_step_is_refused(tmp_path: Path) -> None:
+    """Pipeline mode with fewer attempts in flight than a step needs would only ever train partial
+    steps, on flushes: the setting would not mean what it says."""
+    with pytest.raises(ValueError, match=r"max_in_flight \(256\) must be at least samples_per_step"):
+        RunSettings(run_dir=tmp_path, max_in_flight=256, samples_per_step=512)
+    assert RunSettings(run_dir=tmp_path, mode="sync", max_in_flight=256, samples_per_step=512)

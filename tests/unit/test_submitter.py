@@ -1,5 +1,6 @@
 """The coordinator's trainer stream settles a run: once every sample is trained, it asks for
-checkpoints until one holds them all, even when the first one asked for lands before the last step."""
+checkpoints until one holds them all, even when the first one asked for lands before the last step;
+and a flush lost with a broken stream is sent again after the resend."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 
+import pytest
+
+from pipelinerl.common.errors import Unavailable
 from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.coordinator import submitter as submitter_module
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.trainer.client import Flush
@@ -58,3 +63,48 @@ async def test_settle_asks_again_until_a_checkpoint_holds_the_last_step(tmp_path
         journal.close()
     assert trainer.checkpoints == [0, 1]  # the first came before the step, the second holds it
     assert submitter.durable_version == 1
+
+
+class RestartingTrainer:
+    """Trains only on a flush. Its first stream breaks as soon as it has received a flush, with
+    what it buffered untrained (a trainer killed before the step); later streams are well."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        self.streams += 1
+        buffered: list[Sample] = []
+        async for item in batches:
+            if not isinstance(item, Flush):
+                buffered += item
+                yield [SampleAck(s.sample_id, Disposition.ACCEPTED, 0) for s in item], -1
+            elif self.streams == 1:
+                raise Unavailable("the trainer was killed")
+            else:
+                yield [SampleAck(s.sample_id, Disposition.TRAINED, 1) for s in buffered], -1
+                buffered = []
+
+
+async def test_a_flush_lost_with_its_stream_is_sent_again_after_the_resend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's only flush went down with the stream: the samples resent to the restarted trainer
+    would wait for a step that nothing asks for (a run whose groups all wait on the trainer
+    dispatches nothing more, so it sends no other flush)."""
+    monkeypatch.setattr(submitter_module, "RECONNECT_S", 0.01)
+    trainer = RestartingTrainer()
+    journal = Journal(tmp_path / "journal.sqlite")
+    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]  # the stream is all it uses
+    submitter.start()
+    try:
+        sample = Sample("s0", "g0", [1, 2], TokenSequence([3], [-0.5], [0]), 1.0)
+        [future] = submitter.send([sample]).values()
+        submitter.flush()
+        ack = await asyncio.wait_for(future, timeout=5)
+    finally:
+        await submitter.close()
+        journal.close()
+    assert ack.disposition is Disposition.TRAINED and trainer.streams == 2
