@@ -63,8 +63,10 @@ async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> No
     try:
         first = await start_services(settings, processes)
         trainer = next(p for p in processes if p.name == "trainer")
-        # What the launcher gave the coordinator (its port included), for the second process.
+        # What the launcher gave the coordinator, for the second process, on the port the first one
+        # bound: the inference servers registered with that address and keep calling it.
         coordinator_config = yaml.safe_load((run_dir / "coordinator.yaml").read_text())
+        coordinator_config["port"] = first.port
         journal_path = Path(coordinator_config["journal_path"])
         async with (
             CoordinatorClient(first.address) as client,

@@ -76,7 +76,8 @@ async def test_inference_server_drained_and_restarted_again_and_again_fails_noth
         await asyncio.to_thread(victim.process.wait)
         if len(cycles) == DRAINS:
             return  # the last drain: the run ends without it
-        config = yaml.safe_load((run_dir / f"{victim.name}.yaml").read_text())  # the same port
+        config = yaml.safe_load((run_dir / f"{victim.name}.yaml").read_text())
+        config["port"] = victim.port  # back on the port it bound
         processes.append(start_service(victim.name, "pipelinerl.inference", config, run_dir))
         await processes[-1].wait_healthy(HEALTH_TIMEOUT_S)
 
