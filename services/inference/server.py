@@ -31,7 +31,9 @@ log = get_logger(__name__)
 
 MAX_REQUEST_ID_BYTES = 128
 PROMPTS_CACHED = 128
-"""Prompt texts whose token ids the servicer keeps."""
+"""Prompt texts whose token ids the servicer keeps..."""
+MAX_CACHED_PROMPT_CHARS = 16384
+"""...each at most this long: a client's huge texts (refused as too long anyway) are not kept."""
 MAX_BATCH_BYTES = 1 << 20
 """A `CompletionBatch` is closed at this size, well under gRPC's default 4 MiB message limit."""
 
@@ -223,15 +225,23 @@ def _coalesce(queued: list[_Outbound]) -> Iterator[pb.GenerateResponse | Excepti
         yield pb.GenerateResponse(completions=pb.CompletionBatch(completions=batch))
 
 
+def _tokenizer(backend: InferenceBackend) -> Callable[[str], tuple[int, ...]]:
+    """`backend.tokenize`, with the last PROMPTS_CACHED short texts kept: the attempts of a group
+    share one prompt and arrive together, so it is tokenized once."""
+    cached = functools.lru_cache(maxsize=PROMPTS_CACHED)(lambda text: tuple(backend.tokenize(text)))
+
+    def tokenize(text: str) -> tuple[int, ...]:
+        return cached(text) if len(text) <= MAX_CACHED_PROMPT_CHARS else tuple(backend.tokenize(text))
+
+    return tokenize
+
+
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, backend: InferenceBackend, metrics: InferenceMetrics | None = None) -> None:
         self._backend = backend
         self._metrics = metrics or InferenceMetrics(CollectorRegistry())
         self._draining = asyncio.Event()
-        # The attempts of a group share one prompt and arrive together: tokenize it once.
-        self._tokenize = functools.lru_cache(maxsize=PROMPTS_CACHED)(
-            lambda text: tuple(backend.tokenize(text))
-        )
+        self._tokenize = _tokenizer(backend)
 
     async def drain(self) -> None:
         """Stop accepting requests; streams end once their requests finish."""
