@@ -124,7 +124,14 @@ async def test_pipelinerl_run_prints_a_refusal_as_one_line_naming_the_setting(
     missing = tmp_path / "missing.jsonl"  # the coordinator's to judge: the launcher checks no file
     assert await refusal("--dataset", str(missing)) == [f"error: dataset: no such file: {missing}"]
     [line] = await refusal(
-        "--group-size", "2", "--max-in-flight", "4", "--max-new-tokens", str(MAX_NEW_TOKENS + 1)
+        "--group-size",
+        "2",
+        "--max-in-flight",
+        "4",
+        "--samples-per-step",
+        "4",
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS + 1),
     )
     assert line.startswith("error: max_new_tokens: ")
 
