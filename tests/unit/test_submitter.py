@@ -5,6 +5,7 @@ and a flush lost with a broken stream is sent again after the resend."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 
@@ -49,18 +50,28 @@ class LateStepTrainer:
         return self.checkpoints[-1] if self.checkpoints else -1
 
 
-async def test_settle_asks_again_until_a_checkpoint_holds_the_last_step(tmp_path: Path) -> None:
-    trainer = LateStepTrainer()
+SAMPLE = Sample("s0", "g0", [1, 2], TokenSequence([3], [-0.5], [0]), 1.0)
+
+
+@contextlib.asynccontextmanager
+async def submitting(trainer: object, tmp_path: Path) -> AsyncIterator[TrainerSubmitter]:
+    """A started submitter streaming to `trainer` (a stand-in: the stream is all it uses), on a
+    journal in `tmp_path`; closed after."""
     journal = Journal(tmp_path / "journal.sqlite")
-    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]  # the stream is all it uses
+    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]
     submitter.start()
     try:
-        sample = Sample("s0", "g0", [1, 2], TokenSequence([3], [-0.5], [0]), 1.0)
-        submitter.send([sample])
-        await asyncio.wait_for(submitter.settle(), timeout=5)
+        yield submitter
     finally:
         await submitter.close()
         journal.close()
+
+
+async def test_settle_asks_again_until_a_checkpoint_holds_the_last_step(tmp_path: Path) -> None:
+    trainer = LateStepTrainer()
+    async with submitting(trainer, tmp_path) as submitter:
+        submitter.send([SAMPLE])
+        await asyncio.wait_for(submitter.settle(), timeout=5)
     assert trainer.checkpoints == [0, 1]  # the first came before the step, the second holds it
     assert submitter.durable_version == 1
 
@@ -96,15 +107,8 @@ async def test_a_flush_lost_with_its_stream_is_sent_again_after_the_resend(
     dispatches nothing more, so it sends no other flush)."""
     monkeypatch.setattr(submitter_module, "RECONNECT_S", 0.01)
     trainer = RestartingTrainer()
-    journal = Journal(tmp_path / "journal.sqlite")
-    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]  # the stream is all it uses
-    submitter.start()
-    try:
-        sample = Sample("s0", "g0", [1, 2], TokenSequence([3], [-0.5], [0]), 1.0)
-        [future] = submitter.send([sample]).values()
+    async with submitting(trainer, tmp_path) as submitter:
+        [future] = submitter.send([SAMPLE]).values()
         submitter.flush()
         ack = await asyncio.wait_for(future, timeout=5)
-    finally:
-        await submitter.close()
-        journal.close()
     assert ack.disposition is Disposition.TRAINED and trainer.streams == 2
