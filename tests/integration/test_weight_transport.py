@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -174,6 +175,26 @@ async def receiving(
             await asyncio.gather(task, return_exceptions=True)
 
 
+@contextlib.asynccontextmanager
+async def members_at_v1(
+    trainer: Trainer, port: int, tmp_path: Path, applied: Applied, member: str, other: str
+) -> AsyncIterator[tuple[WeightReceiver, subprocess.Popen[bytes]]]:
+    """Two broadcast members until the block ends: `member`, a receiver in this process, and
+    `other`, a stand-in receiver of its own process; yielded once both hold version 1."""
+    async with (
+        receiving(port, member, applied) as receiver,
+        server_process(
+            "standin_receiver.py", tmp_path, "--trainer-port", str(port),
+            "--receiver-id", other, "--big-mib", str(BIG_MIB),
+        ) as (process, _),
+    ):  # fmt: skip
+        await until(lambda: receiver.version is not None, f"{member}'s first version")
+        await trainer.watchers(2)
+        await trainer.publish(1)
+        await until(holds(applied, tmp_path, 1), "v1 at both members")
+        yield receiver, process
+
+
 def holds(applied: Applied, tmp_path: Path, version: int) -> Callable[[], bool]:
     """Whether both the in-process receiver and the one of its own process applied `version`."""
     return lambda: version in applied.versions and any(a["version"] == version for a in applied_by(tmp_path))
@@ -195,17 +216,10 @@ async def test_member_killed_mid_broadcast_is_dropped_and_training_goes_on(tmp_p
     async with server_process("standin_trainer.py", tmp_path, *trainer_args(timeout_s)) as (_, port):
         trainer = Trainer(tmp_path, port)
         applied = Applied(BIG_MIB)
-        async with (
-            receiving(port, "survivor", applied) as survivor,
-            server_process(
-                "standin_receiver.py", tmp_path, "--trainer-port", str(port),
-                "--receiver-id", "doomed", "--big-mib", str(BIG_MIB),
-            ) as (doomed, _),
-        ):  # fmt: skip
-            await until(lambda: survivor.version is not None, "the survivor's first version")
-            await trainer.watchers(2)
-            await trainer.publish(1)
-            await until(holds(applied, tmp_path, 1), "v1 at both members")
+        async with members_at_v1(trainer, port, tmp_path, applied, "survivor", "doomed") as (
+            survivor,
+            doomed,
+        ):
             assert survivor.stats.broadcasts == 1
 
             os.kill(doomed.pid, signal.SIGSTOP)  # it stops reading its sockets: v2's broadcast waits on it
@@ -281,18 +295,7 @@ async def test_joiner_does_not_hold_up_a_broadcast_in_progress(tmp_path: Path) -
     async with server_process("standin_trainer.py", tmp_path, *trainer_args(timeout_s)) as (_, port):
         trainer = Trainer(tmp_path, port)
         applied, joined = Applied(BIG_MIB), Applied(BIG_MIB)
-        async with (
-            receiving(port, "member", applied) as member,
-            server_process(
-                "standin_receiver.py", tmp_path, "--trainer-port", str(port),
-                "--receiver-id", "slow", "--big-mib", str(BIG_MIB),
-            ) as (slow, _),
-        ):  # fmt: skip
-            await until(lambda: member.version is not None, "the member's first version")
-            await trainer.watchers(2)
-            await trainer.publish(1)
-            await until(holds(applied, tmp_path, 1), "v1 at both members")
-
+        async with members_at_v1(trainer, port, tmp_path, applied, "member", "slow") as (member, slow):
             os.kill(slow.pid, signal.SIGSTOP)  # v2's broadcast is in progress until it goes on
             try:
                 v2 = await trainer.publish(2)
