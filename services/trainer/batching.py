@@ -1,15 +1,20 @@
-"""Pack one optimizer step's samples into right-padded micro-batches that fit a token budget.
+"""Pack one optimizer step's samples into micro-batches that fit a token budget, each prompt once.
 
-    samples of one step ──sort by length, fill rows while rows × longest ≤ budget──► micro-batches
-    each micro-batch, one row per sample (prompt + completion, then padding):
-        input_ids        p p p c c c _ _
-        attention_mask   1 1 1 1 1 1 0 0
-        position_ids     0 1 2 3 4 5 0 0
-        completion_mask  0 0 0 1 1 1 0 0
-        behaviour_logprobs, versions, advantages: the completion token's value, 0 elsewhere
+    samples of one step ──sort by length, fill while padded tokens ≤ budget──► micro-batches
+    each micro-batch: the distinct prompts of its samples, then one completion row per sample
+        prompt_ids        p p p _        (one row per distinct prompt, right-padded)
+        prompt_mask       1 1 1 0
+        completion_ids    c c c _ _      (one row per sample, right-padded)
+        completion_mask   1 1 1 0 0
+        row_prompt        the prompt row of each completion row
+        behaviour_logprobs, advantages: per completion token, 0 on padding
 
-Every per-token tensor is aligned with `input_ids`: position t describes token t. The learner
-predicts token t from the logits at t - 1, so it reads these tensors from position 1 on.
+A group's attempts share their prompt, so the learner runs the prompt once and its completions
+on the prompt's key/value cache (see `completion_logits` in learner.py): on short answers to
+prompts of their own length that is nearly half of a step's tokens.
+
+Every per-token tensor is aligned with `completion_ids`: position t describes completion token t,
+which the learner predicts from the prompt's last position (t = 0) or from completion token t - 1.
 
 The step's gradient is accumulated over the micro-batches; `StepTotals` carries the counts of the
 whole step so each micro-batch's loss is normalised as if the step were one batch.
@@ -29,28 +34,35 @@ from pipelinerl.trainer.losses import StepTotals
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Right-padded rows, one per sample; all tensors [rows, longest sample]."""
+    """The distinct prompts [prompts, longest prompt] and one completion row per sample
+    [rows, longest completion]."""
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    """1 on prompt tokens, 0 on padding (long, as HF attention masks are)."""
+    row_prompt: torch.Tensor
+    """[rows]: the index of each row's prompt in `prompt_ids`."""
+    completion_ids: torch.Tensor
     completion_mask: torch.Tensor
-    """Bool: True where the token is a completion token (the ones the loss trains)."""
+    """Bool: True on completion tokens (the ones the loss trains), False on padding."""
     behaviour_logprobs: torch.Tensor
-    versions: torch.Tensor
-    """Weight version that generated each completion token."""
     advantages: torch.Tensor
     """The sample's advantage, repeated on each of its completion tokens."""
     sample_ids: tuple[str, ...]
 
     @property
+    def prompt_lengths(self) -> torch.Tensor:
+        """[prompts]: the real tokens of each prompt."""
+        return self.prompt_mask.sum(dim=1)
+
+    @property
     def tokens(self) -> int:
-        """Real (unpadded) tokens."""
-        return int(self.attention_mask.sum())
+        """Real (unpadded) tokens the forward pass runs: each prompt once, every completion."""
+        return int(self.prompt_mask.sum()) + int(self.completion_mask.sum())
 
     @property
     def padded_tokens(self) -> int:
-        return self.input_ids.numel()
+        return self.prompt_ids.numel() + self.completion_ids.numel()
 
     def to(self, device: torch.device | str) -> MicroBatch:
         moved = {
@@ -72,7 +84,7 @@ class StepPlan:
 def plan_step(
     samples: Sequence[Sample], advantages: Mapping[str, float], token_budget: int, pad_token_id: int
 ) -> StepPlan:
-    """Micro-batches of at most `token_budget` padded tokens (rows × longest row) holding `samples`."""
+    """Micro-batches of at most `token_budget` padded tokens holding `samples`."""
     groups = pack(samples, token_budget)
     totals = StepTotals(
         samples=len(samples), completion_tokens=sum(len(sample.completion) for sample in samples)
@@ -81,10 +93,11 @@ def plan_step(
 
 
 def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
-    """Group samples so that rows × longest row ≤ `token_budget` in every group.
+    """Group samples so that every group's padded tokens (distinct prompts × longest prompt plus
+    rows × longest completion) stay within `token_budget`.
 
-    Longest first: each group's first sample fixes its padded width, so similar lengths share a
-    micro-batch and little is spent on padding.
+    Longest first, so that similar lengths share a micro-batch and little is spent on padding; a
+    group's attempts, of one prompt and similar lengths, mostly land in one micro-batch.
     """
     ordered = sorted(samples, key=_length, reverse=True)
     if ordered and _length(ordered[0]) > token_budget:
@@ -93,45 +106,68 @@ def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
             f"sample {ordered[0].sample_id!r} has {_length(ordered[0])} tokens, "
             f"more than the micro-batch token budget of {token_budget}",
         )
-    groups: list[list[Sample]] = []
+    groups: list[_Packing] = []
     for sample in ordered:
-        if groups and (len(groups[-1]) + 1) * _length(groups[-1][0]) <= token_budget:
-            groups[-1].append(sample)
-        else:
-            groups.append([sample])
-    return groups
+        if not (groups and groups[-1].add(sample, token_budget)):
+            groups.append(_Packing(sample))
+    return [group.samples for group in groups]
+
+
+class _Packing:
+    """One micro-batch being filled: its samples and the sizes that fix its padded tokens."""
+
+    def __init__(self, first: Sample) -> None:
+        self.samples = [first]
+        self.prompts = {tuple(first.prompt_token_ids)}
+        self.longest_prompt = len(first.prompt_token_ids)
+        self.longest_completion = len(first.completion)
+
+    def add(self, sample: Sample, token_budget: int) -> bool:
+        """Take `sample` if the micro-batch stays within `token_budget`; False leaves it unchanged."""
+        prompts = self.prompts | {tuple(sample.prompt_token_ids)}
+        longest_prompt = max(self.longest_prompt, len(sample.prompt_token_ids))
+        longest_completion = max(self.longest_completion, len(sample.completion))
+        if len(prompts) * longest_prompt + (len(self.samples) + 1) * longest_completion > token_budget:
+            return False
+        self.samples.append(sample)
+        self.prompts = prompts
+        self.longest_prompt, self.longest_completion = longest_prompt, longest_completion
+        return True
 
 
 def collate(samples: Sequence[Sample], advantages: Mapping[str, float], pad_token_id: int) -> MicroBatch:
-    """One right-padded micro-batch with a row per sample."""
-    width = max(_length(sample) for sample in samples)
-    shape = (len(samples), width)
-    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(shape, dtype=torch.long)
-    position_ids = torch.zeros(shape, dtype=torch.long)
-    completion_mask = torch.zeros(shape, dtype=torch.bool)
-    behaviour_logprobs = torch.zeros(shape, dtype=torch.float32)
-    versions = torch.zeros(shape, dtype=torch.long)
-    token_advantages = torch.zeros(shape, dtype=torch.float32)
+    """One micro-batch: each distinct prompt once, a completion row per sample, right-padded."""
+    prompt_rows: dict[tuple[int, ...], int] = {}
+    row_prompt = [prompt_rows.setdefault(tuple(s.prompt_token_ids), len(prompt_rows)) for s in samples]
+    prompt_ids, prompt_mask = _right_padded(list(prompt_rows), pad_token_id)
+    completion_ids, completion_mask = _right_padded([s.completion.token_ids for s in samples], pad_token_id)
+    behaviour_logprobs = torch.zeros(completion_ids.shape, dtype=torch.float32)
+    token_advantages = torch.zeros(completion_ids.shape, dtype=torch.float32)
     for row, sample in enumerate(samples):
-        start, end = len(sample.prompt_token_ids), _length(sample)
-        input_ids[row, :end] = torch.tensor(sample.prompt_token_ids + sample.completion.token_ids)
-        attention_mask[row, :end] = 1
-        position_ids[row, :end] = torch.arange(end)
-        completion_mask[row, start:end] = True
-        behaviour_logprobs[row, start:end] = torch.tensor(sample.completion.logprobs)
-        versions[row, start:end] = torch.tensor(sample.completion.versions, dtype=torch.long)
-        token_advantages[row, start:end] = advantages[sample.sample_id]
+        end = len(sample.completion)
+        behaviour_logprobs[row, :end] = torch.tensor(sample.completion.logprobs)
+        token_advantages[row, :end] = advantages[sample.sample_id]
     return MicroBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        completion_mask=completion_mask,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        row_prompt=torch.tensor(row_prompt, dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask.bool(),
         behaviour_logprobs=behaviour_logprobs,
-        versions=versions,
         advantages=token_advantages,
         sample_ids=tuple(sample.sample_id for sample in samples),
     )
+
+
+def _right_padded(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, longest] token ids padded with `pad_token_id`, and the mask of real tokens (long)."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[index, : len(row)] = 1
+    return ids, mask
 
 
 def _length(sample: Sample) -> int:

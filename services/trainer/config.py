@@ -125,7 +125,8 @@ class LearnerConfig(BaseModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
     micro_batch_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one micro-batch, padding included (rows × longest row)."""
+    """Token budget of one micro-batch, padding included: its distinct prompts × the longest prompt
+    plus its rows × the longest completion (batching.py)."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the rollouts. Training logits are divided by it so that current and
     behaviour logprobs describe the same distribution (the inference server reports logprobs after

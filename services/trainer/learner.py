@@ -5,7 +5,8 @@
       ├─► compute_advantages ─► zero-variance groups left out
       ├─► plan_step ─► micro-batches within the token budget, StepTotals of the whole step
       │     for each micro-batch:
-      │       forward ─► logits[t - 1] / temperature ─► float32 logprob of token t, entropy
+      │       forward: each distinct prompt once, then the completions on its key/value cache
+      │         ─► logits / temperature ─► float32 logprob of each completion token, entropy
       │       (reference model, no grad) ─► reference logprobs, when KL is on
       │       policy_loss(normalised by StepTotals) ─► backward: gradients accumulate
       ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1;
@@ -232,20 +233,22 @@ class TorchLearner:
 
     def _loss_inputs(self, batch: MicroBatch) -> LossInputs:
         temperature = self.config.temperature
-        targets = batch.input_ids[:, 1:]
-        logits = shifted_logits(self._forward_model, batch, temperature)
+        # Activation checkpointing drops the key/value cache, so the prompt cannot be run apart.
+        shared = not self.config.gradient_checkpointing
+        logits = completion_logits(self._forward_model, batch, temperature, shared_prompts=shared)
         # Entropy is always reported, but only needs a graph when it is part of the loss.
         with torch.set_grad_enabled(self.config.loss.entropy_coef > 0):
             entropy = entropy_from_logits(logits)
         reference = None
         if self.reference is not None:
             with torch.no_grad():
-                reference = gather_logprobs(shifted_logits(self.reference, batch, temperature), targets)
+                reference_logits = completion_logits(self.reference, batch, temperature, shared_prompts=True)
+                reference = gather_logprobs(reference_logits, batch.completion_ids)
         return LossInputs(
-            logprobs=gather_logprobs(logits, targets),
-            behaviour_logprobs=batch.behaviour_logprobs[:, 1:],
-            advantages=batch.advantages[:, 1:],
-            mask=batch.completion_mask[:, 1:],
+            logprobs=gather_logprobs(logits, batch.completion_ids),
+            behaviour_logprobs=batch.behaviour_logprobs,
+            advantages=batch.advantages,
+            mask=batch.completion_mask,
             reference_logprobs=reference,
             entropy=entropy,
         )
@@ -325,15 +328,52 @@ class TorchLearner:
         load_optimizer(self.optimizer, directory, self.device)
 
 
-def shifted_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float) -> torch.Tensor:
-    """Float32 logits at positions 0..L-2, divided by `temperature`: row t predicts token t + 1."""
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    return output.logits[:, :-1].float() / temperature
+def completion_logits(
+    model: torch.nn.Module, batch: MicroBatch, temperature: float, *, shared_prompts: bool
+) -> torch.Tensor:
+    """Float32 logits [rows, completion positions, vocabulary] divided by `temperature`: position t
+    predicts completion token t, from the prompt's last token (t = 0) or completion token t - 1.
+
+    `shared_prompts` runs each distinct prompt once and every completion row on its prompt's
+    key/value cache, which autograd carries back into the prompt's pass. Without it, each row runs
+    its prompt and completion in one pass (what activation checkpointing needs). Both read the
+    same rows, gap included: a row is its prompt, the prompt's padding (masked), its completion.
+    """
+    rows = batch.row_prompt
+    prompt_lengths = batch.prompt_lengths[rows]
+    prompt_width, completion_width = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    prompt_positions = torch.arange(prompt_width, device=rows.device)
+    completion_positions = prompt_lengths[:, None] + torch.arange(completion_width, device=rows.device)
+    attention_mask = torch.cat([batch.prompt_mask[rows], batch.completion_mask.long()], dim=1)
+    if shared_prompts:
+        prompts = model(
+            input_ids=batch.prompt_ids,
+            attention_mask=batch.prompt_mask,
+            position_ids=prompt_positions.expand_as(batch.prompt_ids),
+            use_cache=True,
+        )
+        # transformers 5 renamed `past_key_values` to `cache`; the output names it as the input does.
+        cache_argument = "cache" if "cache" in prompts else "past_key_values"
+        cache = prompts[cache_argument]
+        cache.reorder_cache(rows)  # one cache row per completion row, an indexed copy autograd follows
+        first = prompts.logits[rows, prompt_lengths - 1]
+        rest = model(
+            input_ids=batch.completion_ids,
+            attention_mask=attention_mask,
+            position_ids=completion_positions,
+            use_cache=True,
+            **{cache_argument: cache},
+        ).logits
+    else:
+        logits = model(
+            input_ids=torch.cat([batch.prompt_ids[rows], batch.completion_ids], dim=1),
+            attention_mask=attention_mask,
+            position_ids=torch.cat([prompt_positions.expand(len(rows), -1), completion_positions], dim=1),
+            use_cache=False,
+        ).logits
+        first = logits[torch.arange(len(rows), device=rows.device), prompt_lengths - 1]
+        rest = logits[:, prompt_width:]
+    return torch.cat([first[:, None], rest[:, :-1]], dim=1).float() / temperature
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

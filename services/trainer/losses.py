@@ -2,7 +2,7 @@
 
 Every tensor is [sequences, positions], aligned on *predicted* tokens: position t holds the current
 and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a completion
-token (prompt and padding positions are False and contribute nothing).
+token (the learner passes completion positions only; padding is False and contributes nothing).
 
     current logprobs ─┐
     behaviour logprobs┼─► ratio = exp(clamp(cur - behaviour)) ─► objective per kind ─┐

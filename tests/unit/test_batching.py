@@ -4,6 +4,7 @@ is split into micro-batches does not change its gradient."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from pipelinerl.trainer.config import (
     PolicyLossKind,
     TokenWeighting,
 )
-from pipelinerl.trainer.learner import TorchLearner
+from pipelinerl.trainer.learner import TorchLearner, completion_logits
 
 PAD = 0
 
@@ -34,23 +35,24 @@ def _sample(sample_id: str, prompt: int, completion: int, *, reward: float = 0.0
     return Sample(sample_id, "g", tokens[:prompt], TokenSequence(tokens[prompt:], logprobs, versions), reward)
 
 
-def test_rows_align_every_per_token_value_with_its_token() -> None:
+def test_rows_align_every_per_token_value_with_its_token_and_each_prompt_comes_once() -> None:
     long = Sample("long", "g", [1, 7, 8], TokenSequence([20, 21, 22], [-0.1, -0.2, -0.3], [4, 5, 5]), 1.0)
-    short = Sample("short", "g", [1, 9], TokenSequence([30], [-0.5], [3]), 0.0)
+    short = Sample("short", "h", [1, 9], TokenSequence([30], [-0.5], [3]), 0.0)
+    again = Sample("again", "g", [1, 7, 8], TokenSequence([23, 24], [-0.6, -0.7], [5, 5]), 0.0)
 
-    batch = collate([long, short], {"long": 0.5, "short": -0.5}, PAD)
+    batch = collate([long, short, again], {"long": 0.5, "short": -0.5, "again": 0.25}, PAD)
 
-    assert batch.input_ids.tolist() == [[1, 7, 8, 20, 21, 22], [1, 9, 30, PAD, PAD, PAD]]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]
-    assert batch.position_ids[:, :3].tolist() == [[0, 1, 2], [0, 1, 2]]
-    assert batch.completion_mask.tolist() == [[0, 0, 0, 1, 1, 1], [0, 0, 1, 0, 0, 0]]
+    assert batch.prompt_ids.tolist() == [[1, 7, 8], [1, 9, PAD]]
+    assert batch.prompt_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch.row_prompt.tolist() == [0, 1, 0]
+    assert batch.completion_ids.tolist() == [[20, 21, 22], [30, PAD, PAD], [23, 24, PAD]]
+    assert batch.completion_mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
     torch.testing.assert_close(
-        batch.behaviour_logprobs, torch.tensor([[0, 0, 0, -0.1, -0.2, -0.3], [0, 0, -0.5, 0, 0, 0]])
+        batch.behaviour_logprobs, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, 0, 0], [-0.6, -0.7, 0]])
     )
-    assert batch.versions.tolist() == [[0, 0, 0, 4, 5, 5], [0, 0, 3, 0, 0, 0]]
-    assert batch.advantages.tolist() == [[0, 0, 0, 0.5, 0.5, 0.5], [0, 0, -0.5, 0, 0, 0]]
-    assert batch.sample_ids == ("long", "short")
-    assert batch.tokens == 9
+    assert batch.advantages.tolist() == [[0.5, 0.5, 0.5], [-0.5, 0, 0], [0.25, 0.25, 0]]
+    assert batch.sample_ids == ("long", "short", "again")
+    assert batch.tokens == 5 + 6  # each prompt once
 
 
 @pytest.mark.parametrize("budget", [40, 64, 100, 333])
@@ -61,6 +63,7 @@ def test_packing_never_exceeds_the_token_budget_and_keeps_every_sample(budget: i
     plan = plan_step(samples, {s.sample_id: 0.0 for s in samples}, budget, PAD)
 
     assert all(batch.padded_tokens <= budget for batch in plan.micro_batches)
+    assert all(batch.row_prompt.max() < len(batch.prompt_ids) for batch in plan.micro_batches)
     packed_ids = [sample_id for batch in plan.micro_batches for sample_id in batch.sample_ids]
     assert sorted(packed_ids) == sorted(s.sample_id for s in samples)
     assert plan.totals.samples == 50
@@ -81,9 +84,34 @@ def test_a_sample_longer_than_the_budget_is_rejected() -> None:
         pack([_sample("huge", 10, 30)], token_budget=32)
 
 
+def test_a_shared_prompt_counts_once_against_the_budget() -> None:
+    # Eight attempts at one 10-token prompt, 2 completion tokens each: 10 + 8 × 2 = 26 padded tokens.
+    completion = TokenSequence([5, 6], [-1.0] * 2, [0] * 2)
+    group = [Sample(f"a{i}", "g", [1] * 10, completion, 0.0) for i in range(8)]
+    assert [len(batch) for batch in pack(group, token_budget=26)] == [8]
+    assert [len(batch) for batch in pack(group, token_budget=25)] == [7, 1]
+
+
 @pytest.fixture(scope="module")
 def model() -> PreTrainedModel:
     return build_preset("tiny", seed=0).model
+
+
+@pytest.mark.parametrize("shared_prompts", [True, False], ids=["shared", "one-pass"])
+def test_completion_logits_equal_each_sample_run_alone(model: PreTrainedModel, shared_prompts: bool) -> None:
+    # Two groups of prompts of different lengths, completions of different lengths, so the rows hold
+    # prompt padding before their completion and completion padding after it.
+    prompts = [[1, 5, 6, 7, 8], [1, 9]]
+    samples = [_sample(f"s{i}", 0, 1 + (3 * i) % 5, seed=i) for i in range(6)]
+    samples = [replace(s, prompt_token_ids=prompts[i % 2]) for i, s in enumerate(samples)]
+    batch = collate(samples, {s.sample_id: 0.0 for s in samples}, PAD)
+
+    with torch.no_grad():
+        logits = completion_logits(model, batch, temperature=0.5, shared_prompts=shared_prompts)
+        for row, sample in enumerate(samples):
+            alone = model(torch.tensor([sample.prompt_token_ids + sample.completion.token_ids])).logits[0]
+            start, n = len(sample.prompt_token_ids) - 1, len(sample.completion)
+            torch.testing.assert_close(logits[row, :n], alone[start : start + n] / 0.5, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -99,13 +127,13 @@ def test_split_into_micro_batches_gives_the_same_gradient(model: PreTrainedModel
     # Different lengths, so the two splits pad differently; off-policy logprobs, so ratios are not 1.
     samples = [_sample(f"s{i}", 3 + i, 6 - i, reward=float(i % 2), seed=i) for i in range(4)]
     advantages = compute_advantages(samples, AdvantageConfig()).advantages
-    longest = max(len(s.prompt_token_ids) + len(s.completion) for s in samples)
+    whole = collate(samples, advantages, PAD).padded_tokens
     learner = TorchLearner(model, LearnerConfig(loss=loss))
 
     gradients = []
-    for budget, expected_batches in [(4 * longest, 1), (2 * longest, 2)]:
+    for budget in (whole, whole // 2):
         plan = plan_step(samples, advantages, budget, PAD)
-        assert len(plan.micro_batches) == expected_batches
+        assert len(plan.micro_batches) == (1 if budget == whole else 2)
         learner.optimizer.zero_grad(set_to_none=True)
         learner.accumulate_gradients(plan)
         gradients.append(torch.cat([p.grad.flatten() for p in learner.model.parameters()]))

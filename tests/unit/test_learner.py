@@ -97,8 +97,9 @@ def test_metrics_describe_the_step() -> None:
     assert metrics.reward_mean == pytest.approx(6 / 10)
     assert metrics.lag_histogram == {2: 32}  # 8 completions of 4 tokens from version 3; flat left out
     assert metrics.completion_tokens == 32
-    assert metrics.tokens == 8 * 7
-    assert metrics.micro_batches == 2  # rows of 7 tokens, at most 4 of them in 28 tokens
+    # One prompt of 3 tokens and at most 6 completions of 4 in 28 tokens; each runs its prompt once.
+    assert metrics.micro_batches == 2
+    assert metrics.tokens == 2 * 3 + 8 * 4
     assert metrics.ess == pytest.approx(1.0, abs=1e-4)  # sampled by these very weights
     assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-4)
     assert metrics.clip_fraction == 0.0
@@ -178,15 +179,18 @@ def test_deepspeed_micro_batches_never_get_a_budget_below_the_longest_sample() -
     assert sorted(len(batch.sample_ids) for batch in plan.micro_batches) == [1, 3]  # the 10 alone
 
 
-def test_gradient_checkpointing_does_not_change_the_step() -> None:
+def test_gradient_checkpointing_does_not_change_the_gradient() -> None:
+    # Checkpointing runs each row's prompt with its completion; without, the prompt runs once.
     samples = _alternate_rewards(ToySampler(build_preset("tiny", seed=0).model, seed=3).groups(0, groups=2))
-    results = []
+    gradients = []
     for checkpointing in (False, True):
         model = build_preset("tiny", seed=0).model
-        TorchLearner(model, LearnerConfig(lr=1e-3, gradient_checkpointing=checkpointing)).step(samples, 0)
+        learner = TorchLearner(model, LearnerConfig(gradient_checkpointing=checkpointing))
+        learner.accumulate_gradients(learner._plan(samples, {s.sample_id: s.reward - 0.5 for s in samples}))
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) == checkpointing
-        results.append(torch.cat([p.flatten() for p in model.parameters()]))
-    torch.testing.assert_close(results[1], results[0])
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert gradients[0].abs().max() > 0
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-4, atol=1e-6)
 
 
 def test_published_weights_carry_the_inference_models_names_and_the_new_values() -> None:
