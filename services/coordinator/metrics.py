@@ -65,11 +65,11 @@ def watch(
         yield from _replicas(reward.snapshot())
         docs = {
             "redispatches": "Requests run again after their server went away, was busy or aborted them.",
+            "reward_calls": "Score calls made; groups scored in the same turn share one.",
             "reward_retries": "Score calls sent again to another reward replica after theirs failed them.",
         }
-        yield from counters(
-            PREFIX, docs, {"redispatches": pool.redispatches, "reward_retries": reward.retries}
-        )
+        totals = {"redispatches": pool.redispatches, "reward_calls": reward.calls}
+        yield from counters(PREFIX, docs, totals | {"reward_retries": reward.retries})
 
     register_snapshot(registry, snapshot)
 

@@ -8,6 +8,10 @@ sent again, whole, to another.
                                                        └─► it is down until its health says SERVING
                                                            again; the same items go to a replica up
 
+Score requests made in the same turn of the event loop (the groups one completion message ended)
+leave together, in one call per replica up (coalesce.py): a call costs the reward service about a
+millisecond however few items it holds.
+
 Results are read from one reply only, so no item is scored into training twice: a replica whose
 call failed may still have scored the batch, but that reply is never read. Members change while
 runs go on (`add`, `remove`, driven by membership.py as for the inference servers); a removed
@@ -28,8 +32,9 @@ from dataclasses import dataclass, field
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import PipelineError
 from pipelinerl.common.log import get_logger
+from pipelinerl.coordinator.coalesce import Coalescer
 from pipelinerl.reward.client import RewardClient
-from pipelinerl.reward.types import ScoreItem, ScoreResult
+from pipelinerl.reward.types import MAX_BATCH_ITEMS, ScoreItem, ScoreResult
 
 log = get_logger(__name__)
 
@@ -82,6 +87,11 @@ class RewardPool:
         self._started = False
         self.retries = 0
         """Score calls sent again after their replica failed them."""
+        self._batches = Coalescer(
+            self._score_batch,
+            max_items=MAX_BATCH_ITEMS,
+            parallel=lambda: sum(self._usable(r) for r in self._replicas.values()),
+        )
         for address in addresses:
             self.add(address)
 
@@ -91,6 +101,7 @@ class RewardPool:
             replica.task = asyncio.create_task(self._watch(replica))
 
     async def close(self) -> None:
+        self._batches.close()
         tasks = [r.task for r in self._replicas.values() if r.task is not None]
         for task in tasks:
             task.cancel()
@@ -140,10 +151,19 @@ class RewardPool:
         async with self._changed:
             await self._changed.wait_for(lambda: self.reachable == reachable)
 
+    @property
+    def calls(self) -> int:
+        """Score calls made, retries not counted; fewer than `score` requests when they merged."""
+        return self._batches.calls
+
     async def score(self, items: list[ScoreItem], timeout_s: float) -> list[ScoreResult]:
         """Score `items` on the least-loaded replica that is up, each call within `timeout_s`; if
         the replica fails the call (gone, draining, too slow), the same items go to another, and
-        so on until one answers. Another error (a batch no replica would take) is raised."""
+        so on until one answers. Another error (a batch no replica would take) is raised. Requests
+        made in the same turn of the event loop share a call."""
+        return await self._batches(items, timeout_s)
+
+    async def _score_batch(self, items: list[ScoreItem], timeout_s: float) -> list[ScoreResult]:
         while True:
             replica = await self._reserve()
             try:
