@@ -100,6 +100,8 @@ class InferenceEngine:
         weight_version: int = 0,
     ) -> None:
         self.model = model.eval()
+        self.device, self.dtype = model.device, model.dtype
+        """Where the model lives and its compute dtype, read once: HF's properties scan the parameters."""
         self.tokenizer = tokenizer
         self.settings = settings or EngineSettings()
         self.max_model_len = self.settings.max_model_len or model.config.max_position_embeddings
@@ -110,7 +112,7 @@ class InferenceEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
-        self._generator = make_generator(None, model.device)
+        self._generator = make_generator(None, self.device)
         """Draws the tokens of every request without a seed, in one call per step."""
         self._version = weight_version
         self._lock = threading.Lock()
@@ -132,7 +134,7 @@ class InferenceEngine:
         """Queue `request`; raises InvalidArgument for a bad request, ResourceExhausted when full."""
         check_request(request, self.limits, self.vocab_size, self.tokenizer)
         sequence = SequenceState.start(
-            request, self._stop_ids(request.sampling), self.tokenizer, self.model.device
+            request, self._stop_ids(request.sampling), self.tokenizer, self.device
         )
         with self._lock:
             if request.request_id in self._live_ids:
@@ -236,8 +238,8 @@ class InferenceEngine:
         torch._foreach_copy_(params, list(staged.values()))  # pyright: ignore[reportPrivateImportUsage]  # no public name
         count = len(staged)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)  # the copies run ahead of the host: time them
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the copies run ahead of the host: time them
         self._last_swap_s = time.perf_counter() - started
         log.info(
             "weights swapped",
@@ -291,7 +293,7 @@ class InferenceEngine:
     def _decode(self, rows: list[int]) -> None:
         """One token for each of these running rows, in one forward of q_len 1."""
         sequences = [self._running[row] for row in rows]
-        device = self.model.device
+        device = self.device
         positions = torch.tensor([s.next_position for s in sequences], device=device)
         kv_len = int(positions.max()) + 1
         keys = torch.arange(kv_len, device=device)
@@ -318,7 +320,7 @@ class InferenceEngine:
         unique: dict[tuple[int, ...], int] = {}
         owners = [unique.setdefault(tuple(s.request.prompt_token_ids), len(unique)) for s in newcomers]
         computed = [rows[owners.index(i)] for i in range(len(unique))]
-        device = self.model.device
+        device = self.device
         prompts = [list(prompt) for prompt in unique]
         width = max(len(prompt) for prompt in prompts)
         starts = torch.tensor([width - len(prompt) for prompt in prompts], device=device)
@@ -350,8 +352,8 @@ class InferenceEngine:
         """Next-token logits [batch, vocab] at the last column of `input_ids`."""
         # Additive mask with the dtype's minimum rather than -inf: a padding query that may see no
         # key at all then gets a uniform (ignored) attention instead of NaN.
-        blocked = torch.finfo(self.model.dtype).min
-        mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=allowed.device)
+        blocked = torch.finfo(self.dtype).min
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         mask.masked_fill_(~allowed, blocked)
         self._cache.plan = plan
         out = self.model(

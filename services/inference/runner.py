@@ -3,7 +3,9 @@ that routes each step's updates to the request that owns them.
 
     generate(req) ──add_request──► InferenceEngine ◄──stage_weights── apply_weights(v, layout, buckets)
          ▲                              │ step() in the engine thread (wakes on new work)
-         └── per-request queue ◄── call_soon_threadsafe(updates)
+         └── per-request queue ◄── outbox ◄── each step's updates
+                                  (one wake-up of the event loop delivers every step's updates
+                                   posted since the last delivery ran)
 
 Closing a `generate` iterator early (client cancel, stream gone) aborts the request in the engine,
 which frees its cache row at the next step. A request the engine fails raises INTERNAL for that
@@ -51,6 +53,9 @@ class EngineRunner:
         self._version = engine.weight_version
         self._swapped = asyncio.Event()  # set, in the event loop, whenever the engine's version changes
         self._wake = threading.Event()
+        self._outbox: list[GenerationUpdate] = []
+        """Updates the engine thread posted that the event loop has not delivered yet."""
+        self._outbox_lock = threading.Lock()
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -80,7 +85,7 @@ class EngineRunner:
         queue: asyncio.Queue[GenerationUpdate | Exception] = asyncio.Queue()
         self.engine.add_request(request)  # raises InvalidArgument before any update
         self._queues[request.request_id] = queue
-        self._wake.set()
+        self._wake_engine()
         finished = False
         try:
             while not finished:
@@ -96,7 +101,12 @@ class EngineRunner:
             del self._queues[request.request_id]
             if not finished:
                 self.engine.abort(request.request_id)
-                self._wake.set()
+                self._wake_engine()
+
+    def _wake_engine(self) -> None:
+        # Setting an Event takes its lock and notifies; a burst of requests needs it once.
+        if not self._wake.is_set():
+            self._wake.set()
 
     async def apply_weights(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
@@ -146,7 +156,7 @@ class EngineRunner:
                     self._failing = asyncio.run_coroutine_threadsafe(self._fail_all(exc), self._loop)
                     return
                 if updates:
-                    self._loop.call_soon_threadsafe(self._deliver, updates)
+                    self._post(updates)
                 if self.engine.weight_version != self._version:
                     self._loop.call_soon_threadsafe(self._on_swapped, self.engine.weight_version)
                 if not self.engine.has_work:
@@ -164,7 +174,19 @@ class EngineRunner:
         self._version = version
         self._swapped.set()
 
-    def _deliver(self, updates: list[GenerationUpdate]) -> None:
+    def _post(self, updates: list[GenerationUpdate]) -> None:
+        """In the engine thread: queue a step's updates, and wake the event loop unless a delivery
+        is already waiting to run there (it takes these too)."""
+        assert self._loop is not None
+        with self._outbox_lock:
+            waiting = bool(self._outbox)
+            self._outbox += updates
+        if not waiting:
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._outbox_lock:
+            updates, self._outbox = self._outbox, []
         for update in updates:
             queue = self._queues.get(update.request_id)
             if queue is not None:  # None: the caller went away and the request was aborted
