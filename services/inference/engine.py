@@ -133,9 +133,7 @@ class InferenceEngine:
     def add_request(self, request: GenerationRequest) -> None:
         """Queue `request`; raises InvalidArgument for a bad request, ResourceExhausted when full."""
         check_request(request, self.limits, self.vocab_size, self.tokenizer)
-        sequence = SequenceState.start(
-            request, self._stop_ids(request.sampling), self.tokenizer, self.device
-        )
+        sequence = SequenceState.start(request, self._stop_ids(request.sampling), self.tokenizer, self.device)
         with self._lock:
             if request.request_id in self._live_ids:
                 raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
