@@ -1,6 +1,6 @@
 """Pack one optimizer step's samples into micro-batches that fit a token budget, each prompt once.
 
-    samples of one step ──sort by length, fill while padded tokens ≤ budget──► micro-batches
+    samples of one step ──longest completion first, cut where padding costs more than a pass──► micro-batches
     each micro-batch: the distinct prompts of its samples, then one completion row per sample
         prompt_ids        p p p _        (one row per distinct prompt, right-padded)
         prompt_mask       1 1 1 0
@@ -22,6 +22,7 @@ whole step so each micro-batch's loss is normalised as if the step were one batc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -82,35 +83,71 @@ class StepPlan:
 
 
 def plan_step(
-    samples: Sequence[Sample], advantages: Mapping[str, float], token_budget: int, pad_token_id: int
+    samples: Sequence[Sample],
+    advantages: Mapping[str, float],
+    token_budget: int,
+    pad_token_id: int,
+    *,
+    overhead_tokens: int,
 ) -> StepPlan:
-    """Micro-batches of at most `token_budget` padded tokens holding `samples`."""
-    groups = pack(samples, token_budget)
+    """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`)."""
+    groups = pack(samples, token_budget, overhead_tokens=overhead_tokens)
     totals = StepTotals(
         samples=len(samples), completion_tokens=sum(len(sample.completion) for sample in samples)
     )
     return StepPlan([collate(group, advantages, pad_token_id) for group in groups], totals)
 
 
-def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
-    """Group samples so that every group's padded tokens (distinct prompts × longest prompt plus
-    rows × longest completion) stay within `token_budget`.
+def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) -> list[list[Sample]]:
+    """Group samples into micro-batches whose padded tokens (distinct prompts × longest prompt plus
+    rows × longest completion) stay within `token_budget`, at the least cost: padded tokens plus
+    `overhead_tokens` per micro-batch (what one more forward and backward pass costs beyond its
+    tokens).
 
-    Longest first, so that similar lengths share a micro-batch and little is spent on padding; a
-    group's attempts, of one prompt and similar lengths, mostly land in one micro-batch.
+    Completions longest first, so each micro-batch is a run of similar lengths; the cuts between
+    runs are chosen by dynamic programming over the points where the length drops (a long tail
+    gets micro-batches of its own instead of padding every short row to its length, and short
+    answers of nearly one length stay in one micro-batch). A run over the budget is filled
+    greedily, in order. Within one length, a group's attempts (one prompt) sit together.
     """
-    ordered = sorted(samples, key=_length, reverse=True)
-    if ordered and _length(ordered[0]) > token_budget:
+    longest = max(samples, key=_length, default=None)
+    if longest is not None and _length(longest) > token_budget:
         raise InvalidArgument.field(
             "samples",
-            f"sample {ordered[0].sample_id!r} has {_length(ordered[0])} tokens, "
+            f"sample {longest.sample_id!r} has {_length(longest)} tokens, "
             f"more than the micro-batch token budget of {token_budget}",
         )
-    groups: list[_Packing] = []
-    for sample in ordered:
-        if not (groups and groups[-1].add(sample, token_budget)):
-            groups.append(_Packing(sample))
-    return [group.samples for group in groups]
+    ordered = sorted(
+        samples, key=lambda s: (len(s.completion), len(s.prompt_token_ids), s.prompt_token_ids), reverse=True
+    )
+    prompt_index: dict[tuple[int, ...], int] = {}
+    prompts = [prompt_index.setdefault(tuple(s.prompt_token_ids), len(prompt_index)) for s in ordered]
+    cuts = [i for i, s in enumerate(ordered) if i == 0 or len(s.completion) < len(ordered[i - 1].completion)]
+    cuts.append(len(ordered))
+    # cost[k]: the least cost of the samples from cuts[k] on; upto[k]: where its first range ends.
+    cost, upto = [0.0] * len(cuts), list(range(len(cuts)))
+    for k in range(len(cuts) - 2, -1, -1):
+        width = len(ordered[cuts[k]].completion)
+        seen: set[int] = set()
+        longest_prompt = 0
+        cost[k] = math.inf
+        for end in range(k + 1, len(cuts)):
+            for i in range(cuts[end - 1], cuts[end]):
+                seen.add(prompts[i])
+                longest_prompt = max(longest_prompt, len(ordered[i].prompt_token_ids))
+            tokens = len(seen) * longest_prompt + (cuts[end] - cuts[k]) * width
+            total = tokens + math.ceil(tokens / token_budget) * overhead_tokens + cost[end]
+            if total < cost[k]:
+                cost[k], upto[k] = total, end
+    batches: list[_Packing] = []
+    k = 0
+    while k < len(cuts) - 1:
+        first = len(batches)
+        for sample in ordered[cuts[k] : cuts[upto[k]]]:
+            if len(batches) == first or not batches[-1].add(sample, token_budget):
+                batches.append(_Packing(sample))
+        k = upto[k]
+    return [batch.samples for batch in batches]
 
 
 class _Packing:

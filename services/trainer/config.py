@@ -127,6 +127,11 @@ class LearnerConfig(BaseModel):
     micro_batch_tokens: int = Field(default=8192, ge=1)
     """Token budget of one micro-batch, padding included: its distinct prompts × the longest prompt
     plus its rows × the longest completion (batching.py)."""
+    micro_batch_overhead_tokens: int = Field(default=128, ge=0)
+    """What one more micro-batch costs, in padded tokens' worth of time: a step is split into more
+    micro-batches only where that saves more padding than this (batching.py). On CPU a forward and
+    backward pass costs about 100 tokens beyond its tokens (`tiny`); on a GPU, where a pass's fixed
+    cost is larger beside a token's, a larger value keeps fewer, fuller micro-batches."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the rollouts. Training logits are divided by it so that current and
     behaviour logprobs describe the same distribution (the inference server reports logprobs after

@@ -3,6 +3,7 @@ is split into micro-batches does not change its gradient."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
 
@@ -60,7 +61,7 @@ def test_packing_never_exceeds_the_token_budget_and_keeps_every_sample(budget: i
     rng = random.Random(budget)
     samples = [_sample(f"s{i}", rng.randint(1, 20), rng.randint(0, 20), seed=i) for i in range(50)]
 
-    plan = plan_step(samples, {s.sample_id: 0.0 for s in samples}, budget, PAD)
+    plan = plan_step(samples, {s.sample_id: 0.0 for s in samples}, budget, PAD, overhead_tokens=16)
 
     assert all(batch.padded_tokens <= budget for batch in plan.micro_batches)
     assert all(batch.row_prompt.max() < len(batch.prompt_ids) for batch in plan.micro_batches)
@@ -75,21 +76,62 @@ def test_packing_never_exceeds_the_token_budget_and_keeps_every_sample(budget: i
 
 def test_packing_puts_similar_lengths_together() -> None:
     samples = [_sample("a", 2, 30), _sample("b", 2, 2), _sample("c", 2, 30), _sample("d", 2, 2)]
-    groups = pack(samples, token_budget=64)
+    groups = pack(samples, token_budget=64, overhead_tokens=0)
     assert [[s.sample_id for s in group] for group in groups] == [["a", "c"], ["b", "d"]]
 
 
 def test_a_sample_longer_than_the_budget_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="token budget"):
-        pack([_sample("huge", 10, 30)], token_budget=32)
+        pack([_sample("huge", 10, 30)], token_budget=32, overhead_tokens=0)
 
 
 def test_a_shared_prompt_counts_once_against_the_budget() -> None:
     # Eight attempts at one 10-token prompt, 2 completion tokens each: 10 + 8 × 2 = 26 padded tokens.
     completion = TokenSequence([5, 6], [-1.0] * 2, [0] * 2)
     group = [Sample(f"a{i}", "g", [1] * 10, completion, 0.0) for i in range(8)]
-    assert [len(batch) for batch in pack(group, token_budget=26)] == [8]
-    assert [len(batch) for batch in pack(group, token_budget=25)] == [7, 1]
+    assert [len(batch) for batch in pack(group, token_budget=26, overhead_tokens=100)] == [8]
+    assert [len(batch) for batch in pack(group, token_budget=25, overhead_tokens=100)] == [7, 1]
+
+
+def _group(group: str, completion_lengths: list[int]) -> list[Sample]:
+    """A group's attempts at one 4-token prompt, with completions of these lengths."""
+    return [
+        Sample(f"{group}/{i}", group, [1, 2, 3, 4], TokenSequence([5] * n, [-1.0] * n, [0] * n), 0.0)
+        for i, n in enumerate(completion_lengths)
+    ]
+
+
+def test_a_long_tail_gets_micro_batches_of_its_own_where_padding_costs_more_than_a_pass() -> None:
+    # Four 100-token completions among sixty of 10 tokens: one micro-batch would pad 6,000 tokens.
+    samples = _group("a", [100] * 4 + [10] * 4) + [s for g in range(7) for s in _group(f"b{g}", [10] * 8)]
+    batches = pack(samples, token_budget=8192, overhead_tokens=128)
+    assert [sorted({len(s.completion) for s in batch}) for batch in batches] == [[100], [10]]
+
+
+def test_short_answers_of_nearly_one_length_stay_in_one_micro_batch() -> None:
+    # Splitting 3s from 2s would save 64 padded tokens, less than one more pass costs.
+    samples = [s for g in range(16) for s in _group(f"g{g}", [3, 2] * 4)]
+    assert len(pack(samples, token_budget=8192, overhead_tokens=128)) == 1
+    assert len(pack(samples, token_budget=8192, overhead_tokens=16)) == 2
+
+
+def test_packing_is_the_cheapest_cut_of_the_sorted_lengths_where_the_length_drops() -> None:
+    rng = random.Random(7)
+    samples = [_sample(f"s{i}", rng.randint(1, 6), rng.choice([1, 2, 5, 9, 30]), seed=i) for i in range(12)]
+
+    def cost(batches: list[list[Sample]]) -> int:
+        return sum(collate(b, {s.sample_id: 0.0 for s in b}, PAD).padded_tokens + 20 for b in batches)
+
+    packed = pack(samples, token_budget=10_000, overhead_tokens=20)
+    ordered = [s for batch in packed for s in batch]
+    drops = [i for i in range(1, len(ordered)) if len(ordered[i].completion) < len(ordered[i - 1].completion)]
+    every_cut = (
+        [ordered[a:b] for a, b in zip((0, *cuts), (*cuts, len(ordered)), strict=True)]
+        for n in range(len(drops) + 1)
+        for cuts in itertools.combinations(drops, n)
+    )
+    assert len(drops) == 4
+    assert cost(packed) == min(cost(batches) for batches in every_cut)
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +174,8 @@ def test_split_into_micro_batches_gives_the_same_gradient(model: PreTrainedModel
 
     gradients = []
     for budget in (whole, whole // 2):
-        plan = plan_step(samples, advantages, budget, PAD)
-        assert len(plan.micro_batches) == (1 if budget == whole else 2)
+        plan = plan_step(samples, advantages, budget, PAD, overhead_tokens=10_000)
+        assert (len(plan.micro_batches) == 1) == (budget == whole)
         learner.optimizer.zero_grad(set_to_none=True)
         learner.accumulate_gradients(plan)
         gradients.append(torch.cat([p.grad.flatten() for p in learner.model.parameters()]))
