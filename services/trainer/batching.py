@@ -104,11 +104,10 @@ def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) 
     `overhead_tokens` per micro-batch (what one more forward and backward pass costs beyond its
     tokens).
 
-    Completions longest first, so each micro-batch is a run of similar lengths; the cuts between
-    runs are chosen by dynamic programming over the points where the length drops (a long tail
-    gets micro-batches of its own instead of padding every short row to its length, and short
-    answers of nearly one length stay in one micro-batch). A run over the budget is filled
-    greedily, in order. Within one length, a group's attempts (one prompt) sit together.
+    Completions longest first, so each micro-batch is a run of similar lengths, and within one
+    length a group's attempts (one prompt) sit together. A long tail gets micro-batches of its own
+    instead of padding every short row to its length; short answers of nearly one length stay in
+    one micro-batch. Rows of one length that overflow the budget fill micro-batches in order.
     """
     longest = max(samples, key=_length, default=None)
     if longest is not None and _length(longest) > token_budget:
@@ -120,11 +119,27 @@ def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) 
     ordered = sorted(
         samples, key=lambda s: (len(s.completion), len(s.prompt_token_ids), s.prompt_token_ids), reverse=True
     )
+    batches: list[_Packing] = []
+    for start, end in _cheapest_ranges(ordered, token_budget, overhead_tokens):
+        first = len(batches)
+        for sample in ordered[start:end]:
+            if len(batches) == first or not batches[-1].add(sample, token_budget):
+                batches.append(_Packing(sample))
+    return [batch.samples for batch in batches]
+
+
+def _cheapest_ranges(
+    ordered: Sequence[Sample], token_budget: int, overhead_tokens: int
+) -> list[tuple[int, int]]:
+    """Cut `ordered` (longest completion first) into ranges, each a micro-batch, at the points where
+    the completion length drops, choosing the cuts by dynamic programming to minimise padded tokens
+    plus `overhead_tokens` per micro-batch. A range holds one length's rows at least and stays
+    within the budget otherwise, which bounds the work by the rows one budget holds."""
     prompt_index: dict[tuple[int, ...], int] = {}
     prompts = [prompt_index.setdefault(tuple(s.prompt_token_ids), len(prompt_index)) for s in ordered]
     cuts = [i for i, s in enumerate(ordered) if i == 0 or len(s.completion) < len(ordered[i - 1].completion)]
     cuts.append(len(ordered))
-    # cost[k]: the least cost of the samples from cuts[k] on; upto[k]: where its first range ends.
+    # cost[k]: the least cost of the rows from cuts[k] on; upto[k]: where its first range ends.
     cost, upto = [0.0] * len(cuts), list(range(len(cuts)))
     for k in range(len(cuts) - 2, -1, -1):
         width = len(ordered[cuts[k]].completion)
@@ -136,18 +151,16 @@ def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) 
                 seen.add(prompts[i])
                 longest_prompt = max(longest_prompt, len(ordered[i].prompt_token_ids))
             tokens = len(seen) * longest_prompt + (cuts[end] - cuts[k]) * width
+            if tokens > token_budget and end > k + 1:
+                break
             total = tokens + math.ceil(tokens / token_budget) * overhead_tokens + cost[end]
             if total < cost[k]:
                 cost[k], upto[k] = total, end
-    batches: list[_Packing] = []
-    k = 0
+    ranges, k = [], 0
     while k < len(cuts) - 1:
-        first = len(batches)
-        for sample in ordered[cuts[k] : cuts[upto[k]]]:
-            if len(batches) == first or not batches[-1].add(sample, token_budget):
-                batches.append(_Packing(sample))
+        ranges.append((cuts[k], cuts[upto[k]]))
         k = upto[k]
-    return [batch.samples for batch in batches]
+    return ranges
 
 
 class _Packing:
