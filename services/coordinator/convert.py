@@ -12,7 +12,7 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.types import Mode, Progress, RunInfo, RunSpec, RunState, ServerVersion
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.reward.types import MAX_BATCH_ITEMS
-from pipelinerl.trainer.server import MAX_SAMPLES_PER_MESSAGE
+from pipelinerl.trainer.types import MAX_SAMPLES_PER_MESSAGE
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # A group is scored in one reward call and sent to the trainer in one message.

@@ -66,6 +66,8 @@ class AttemptRecord:
     completion: TokenSequence | None = None
     text: str = ""
     finish_reason: FinishReason | None = None
+    server: str = ""
+    """The inference server that generated it."""
     reward: float | None = None
     correct: bool = False
     version: int = -1
@@ -161,33 +163,24 @@ class Journal:
                 [(now, sample_id) for sample_id in sample_ids],
             )
 
-    def mark_generated(
-        self,
-        sample_id: str,
-        prompt_token_ids: Sequence[int],
-        completion: TokenSequence,
-        text: str,
-        reason: FinishReason,
-        server: str,
-    ) -> None:
-        tokens = {
-            "token_ids": completion.token_ids,
-            "logprobs": completion.logprobs,
-            "versions": completion.versions,
-        }
-        self._db.execute(
-            "UPDATE attempts SET state = 'generated', prompt_token_ids = ?, completion = ?, text = ?,"
-            " finish_reason = ?, server = ?, updated_at = ? WHERE sample_id = ?",
-            (
-                json.dumps(list(prompt_token_ids)),
-                json.dumps(tokens),
-                text,
-                reason.value,
-                server,
-                time.time(),
-                sample_id,
-            ),
-        )
+    def mark_generated(self, attempts: Sequence[AttemptRecord]) -> None:
+        """Attempts whose completion came back (a group's, once all of them have), in one
+        transaction."""
+        now = time.time()
+        rows = []
+        for a in attempts:
+            assert a.completion is not None and a.prompt_token_ids is not None and a.finish_reason is not None
+            tokens = {"token_ids": a.completion.token_ids, "logprobs": a.completion.logprobs,
+                      "versions": a.completion.versions}  # fmt: skip
+            rows.append((json.dumps(a.prompt_token_ids), json.dumps(tokens), a.text, a.finish_reason.value,
+                         a.server, now, a.sample_id))  # fmt: skip
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE attempts SET state = 'generated', prompt_token_ids = ?, completion = ?, text = ?,"
+                " finish_reason = ?, server = ?, updated_at = ? WHERE sample_id = ?",
+                rows,
+            )
 
     def mark_scored(self, scores: Sequence[tuple[str, float, bool]]) -> None:
         now = time.time()

@@ -260,6 +260,8 @@ class RunLoop:
             pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
             self._journal.mark_dispatched([a.sample_id for a in pending])
             await asyncio.gather(*(self._generate(group, a) for a in pending))
+            # Journaled once all are back: one not journaled is generated again on a restart.
+            self._journal.mark_generated([a for a in pending if a.state == "generated"])
             usable = [a for a in group.attempts if a.completion is not None and a.state != "acked"]
             await self._score(group, [a for a in usable if a.state == "generated"])
             self._leave_round(group.group_id)
@@ -299,13 +301,9 @@ class RunLoop:
         versions = sorted(set(completion.tokens.versions))
         log.debug("attempt generated", server=server, tokens=len(completion.tokens), versions=versions,
                  finish_reason=completion.finish_reason.value)  # fmt: skip
-        self._journal.mark_generated(
-            attempt.sample_id, completion.prompt_token_ids, completion.tokens, completion.text,
-            completion.finish_reason, server,
-        )  # fmt: skip
         attempt.state, attempt.completion = "generated", completion.tokens
         attempt.prompt_token_ids, attempt.text = completion.prompt_token_ids, completion.text
-        attempt.finish_reason = completion.finish_reason
+        attempt.finish_reason, attempt.server = completion.finish_reason, server
         self._counts.generated += 1
         if completion.tokens.logprobs:
             self._surprisal.append(-statistics.fmean(completion.tokens.logprobs))

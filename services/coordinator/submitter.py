@@ -25,7 +25,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.trainer.client import Flush, TrainerClient
-from pipelinerl.trainer.types import Disposition, SampleAck
+from pipelinerl.trainer.types import MAX_SAMPLES_PER_MESSAGE, Disposition, SampleAck
 
 log = get_logger(__name__)
 
@@ -92,13 +92,18 @@ class TrainerSubmitter:
             await self._answered.wait()
 
     async def _batches(self) -> AsyncIterator[list[Sample] | Flush]:
+        """What the stream carries: the groups queued while its last message was written, as one
+        message. A flush taken from the queue counts as carried at once, so a stream that breaks
+        before sending it sends it again (`_requeue`)."""
         self._flushed = None  # a new stream
         while True:
-            item = await self._queue.get()
-            if isinstance(item, Flush):
-                checkpoint = item.checkpoint or (self._flushed is not None and self._flushed.checkpoint)
-                self._flushed = Flush(checkpoint)
-            yield item
+            items = _merged([await self._queue.get(), *_drained(self._queue)])
+            for item in items:
+                if isinstance(item, Flush):
+                    checkpoint = item.checkpoint or (self._flushed is not None and self._flushed.checkpoint)
+                    self._flushed = Flush(checkpoint)
+            for item in items:
+                yield self._flushed if isinstance(item, Flush) and self._flushed is not None else item
 
     async def _stream_forever(self) -> None:
         while True:
@@ -172,6 +177,31 @@ class TrainerSubmitter:
             self._queue.put_nowait(_regrouped(group))
         if flushes:
             self.flush(checkpoint=any(f.checkpoint for f in flushes))
+
+
+def _drained(queue: asyncio.Queue[list[Sample] | Flush]) -> list[list[Sample] | Flush]:
+    items: list[list[Sample] | Flush] = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
+def _merged(items: Sequence[list[Sample] | Flush]) -> list[list[Sample] | Flush]:
+    """Consecutive groups as one message, up to the trainer's limit; consecutive flushes as one."""
+    merged: list[list[Sample] | Flush] = []
+    for item in items:
+        last = merged[-1] if merged else None
+        if isinstance(item, Flush) and isinstance(last, Flush):
+            merged[-1] = Flush(last.checkpoint or item.checkpoint)
+        elif (
+            isinstance(item, list)
+            and isinstance(last, list)
+            and len(last) + len(item) <= MAX_SAMPLES_PER_MESSAGE
+        ):
+            merged[-1] = last + item
+        else:
+            merged.append(item)
+    return merged
 
 
 def _by_group(samples: Sequence[Sample]) -> dict[str, list[Sample]]:

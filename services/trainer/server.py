@@ -17,12 +17,10 @@ from pipelinerl.trainer.convert import (
     status_to_proto,
     watch_request_from_proto,
 )
-from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerCore
+from pipelinerl.trainer.types import MAX_SAMPLES_PER_MESSAGE, Disposition, Malformed, SampleAck, TrainerCore
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
 from pipelinerl.weights import convert as weights_convert
-
-MAX_SAMPLES_PER_MESSAGE = 4096
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):

@@ -11,6 +11,9 @@ from pipelinerl.common.errors import ErrorInfo, InvalidArgument
 from pipelinerl.common.types import Sample, WeightVersion
 from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
+MAX_SAMPLES_PER_MESSAGE = 4096
+"""Samples one SubmitSamples message may carry."""
+
 
 class Disposition(enum.Enum):
     ACCEPTED = "accepted"

@@ -45,7 +45,9 @@ def test_lengths_and_rewards_come_from_the_journal(tmp_path: Path) -> None:
         attempts = [AttemptRecord(f"r-p{index}-a0", "created"), AttemptRecord(f"r-p{index}-a1", "created")]
         journal.add_group("r", GroupRecord(f"r-p{index}", index, "7x2=", "77", "digits", attempts))
         tokens = TokenSequence([5] * length, [-0.1] * length, [0] * length)
-        journal.mark_generated(f"r-p{index}-a0", [1], tokens, "7", FinishReason.STOP, "127.0.0.1:1")
+        journal.mark_generated(
+            [AttemptRecord(f"r-p{index}-a0", "generated", [1], tokens, "7", FinishReason.STOP, "127.0.0.1:1")]
+        )
         if reward is not None:
             journal.mark_scored([(f"r-p{index}-a0", reward, reward == 1.0)])
     journal.close()

@@ -28,11 +28,15 @@ def test_states_survive_reopen_and_drive_resumption(tmp_path: Path) -> None:
         journal.add_group("r", group(index))
     tokens = TokenSequence([5, 6], [-0.1, -0.2], [3, 4])
     for i in range(3):
-        journal.mark_generated(f"r-p0-a{i}", [1, 2], tokens, "56", FinishReason.STOP, "127.0.0.1:1")
+        journal.mark_generated(
+            [AttemptRecord(f"r-p0-a{i}", "generated", [1, 2], tokens, "56", FinishReason.STOP, "127.0.0.1:1")]
+        )
     journal.mark_scored([(f"r-p0-a{i}", 0.5, False) for i in range(3)])
     for i in range(3):
         journal.mark_acked(f"r-p0-a{i}", "trained", 5)
-    journal.mark_generated("r-p1-a0", [1, 3], tokens, "56", FinishReason.LENGTH, "127.0.0.1:1")
+    journal.mark_generated(
+        [AttemptRecord("r-p1-a0", "generated", [1, 3], tokens, "56", FinishReason.LENGTH, "127.0.0.1:1")]
+    )
     journal.close()
 
     reopened = Journal(path)
@@ -55,7 +59,9 @@ def test_a_resumed_run_counts_what_the_journal_holds(tmp_path: Path) -> None:
     tokens = TokenSequence([5], [-0.1], [0])
     generated = ["r-p0-a0", "r-p0-a1", "r-p0-a2", "r-p1-a0", "r-p1-a1"]
     for sample_id in generated:
-        journal.mark_generated(sample_id, [1], tokens, "5", FinishReason.STOP, "127.0.0.1:1")
+        journal.mark_generated(
+            [AttemptRecord(sample_id, "generated", [1], tokens, "5", FinishReason.STOP, "127.0.0.1:1")]
+        )
     journal.mark_scored([(sample_id, 1.0, True) for sample_id in generated[:4]])
     journal.mark_acked("r-p0-a0", "trained", 1)
     journal.mark_acked("r-p0-a1", "dropped", 1)

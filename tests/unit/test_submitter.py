@@ -1,11 +1,13 @@
 """The coordinator's trainer stream settles a run: once every sample is trained, it asks for
 checkpoints until one holds them all, even when the first one asked for lands before the last step;
-and a flush lost with a broken stream is sent again after the resend."""
+a flush lost with a broken stream is sent again after the resend; and what is queued while the
+stream is busy leaves in as few messages as the trainer's limit allows."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 
@@ -112,3 +114,49 @@ async def test_a_flush_lost_with_its_stream_is_sent_again_after_the_resend(
         submitter.flush()
         ack = await asyncio.wait_for(future, timeout=5)
     assert ack.disposition is Disposition.TRAINED and trainer.streams == 2
+
+
+class RecordingTrainer:
+    """Keeps every message of its stream; trains each batch of samples at once."""
+
+    def __init__(self) -> None:
+        self.messages: list[list[str] | Flush] = []
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        async for item in batches:
+            if isinstance(item, Flush):
+                self.messages.append(item)
+                continue
+            self.messages.append([s.sample_id for s in item])
+            yield [SampleAck(s.sample_id, Disposition.TRAINED, 1) for s in item], -1
+
+
+def group_of(group_id: str, size: int) -> list[Sample]:
+    return [dataclasses.replace(SAMPLE, sample_id=f"{group_id}-a{i}", group_id=group_id, group_size=size)
+            for i in range(size)]  # fmt: skip
+
+
+async def test_groups_queued_in_one_turn_leave_as_one_message_up_to_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three groups and two flushes submitted while the stream was busy leave as the first two
+    groups (the trainer's limit of 5 samples per message leaves the third out), the third, and one
+    flush that asks for the checkpoint either asked for; a group sent after them goes alone."""
+    monkeypatch.setattr(submitter_module, "MAX_SAMPLES_PER_MESSAGE", 5)
+    trainer = RecordingTrainer()
+    async with submitting(trainer, tmp_path) as submitter:
+        futures = {}
+        for group_id, size in (("g0", 2), ("g1", 3), ("g2", 2)):
+            futures |= submitter.send(group_of(group_id, size))
+        submitter.flush(checkpoint=True)
+        submitter.flush()
+        await asyncio.wait_for(asyncio.gather(*futures.values()), timeout=5)
+        await asyncio.wait_for(asyncio.gather(*submitter.send(group_of("g3", 2)).values()), timeout=5)
+    assert trainer.messages == [
+        ["g0-a0", "g0-a1", "g1-a0", "g1-a1", "g1-a2"],
+        ["g2-a0", "g2-a1"],
+        Flush(checkpoint=True),
+        ["g3-a0", "g3-a1"],
+    ]

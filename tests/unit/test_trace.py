@@ -18,7 +18,9 @@ def write_journal(run_dir: Path) -> None:
     journal.add_group("run", GroupRecord("run-p1", 1, "12", "12", "digits", attempts))
     journal.mark_dispatched(["run-p1-a1"])
     tokens = TokenSequence([5, 6, 7], [-0.1, -0.2, -0.3], [3, 3, 4])
-    journal.mark_generated("run-p1-a1", [1, 2], tokens, "12", FinishReason.STOP, "127.0.0.1:5001")
+    journal.mark_generated(
+        [AttemptRecord("run-p1-a1", "generated", [1, 2], tokens, "12", FinishReason.STOP, "127.0.0.1:5001")]
+    )
     journal.mark_scored([("run-p1-a1", 0.5, False)])
     journal.mark_acked("run-p1-a1", "trained", 5)
     journal.close()
