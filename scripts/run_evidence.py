@@ -2,7 +2,9 @@
 each trained one in the final weights exactly once; with BUDGET, also that the run dispatched
 exactly that many attempts. Prints one JSON line of the dispositions.
 
-    python scripts/run_evidence.py RUN_DIR [BUDGET]
+    python -m scripts.run_evidence RUN_DIR [BUDGET]
+
+from the repository root (the check is the end-to-end tests' own, `tests/e2e/evidence.py`).
 """
 
 from __future__ import annotations
