@@ -44,6 +44,7 @@ journal and its inference server's counters:
 - with `--conventional-steps`: `conventional_samples_per_s`, `conventional_time_to_reward_s`,
   `final_reward_conventional(_last_8192)`, `conventional_mean_lag` (per trained token, as
   `pipeline_token_lag`; (K - 1) / 2 by construction), `conventional_round_steps`.
+- `plot`: `<out>/reward.png`, every run's mean reward against wall time and trained samples.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from typing import Literal
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.report import plot_runs, read_points
 from pipelinerl.launcher.run import RunResult, launch
 
 log = get_logger("benchmark")
@@ -419,6 +421,9 @@ def main() -> int:
             "conventional_mean_lag": token_lag(Path(args.out) / "conventional"),
             "conventional_seconds": round(conventional.elapsed_s, 1),
         }
+    runs = {name: read_points(result.metrics_path) for name, result in
+            (("pipeline", pipeline), ("sync", sync), ("conventional", conventional)) if result}  # fmt: skip
+    figures["plot"] = str(plot_runs(runs, Path(args.out) / "reward.png", f"{args.dataset}, lr {args.lr}"))
     print(json.dumps(figures))
     return 0
 

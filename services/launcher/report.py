@@ -1,6 +1,6 @@
 """What a run leaves behind: `metrics.jsonl` (one line per progress update) and `plot.png`
 (reward, exact correctness and lag; zero-variance groups and entropy, to show a collapse; over time
-and over trained samples)."""
+and over trained samples); and the plot of several runs' rewards side by side (`plot_runs`)."""
 
 from __future__ import annotations
 
@@ -58,12 +58,43 @@ class MetricsLog:
         return next((p.elapsed_s for p in self.points if p.reward >= target and p.trained > 0), None)
 
 
-def plot(points: list[Point], path: Path, title: str) -> Path:
+def read_points(path: Path) -> list[Point]:
+    """The points of a run's `metrics.jsonl`."""
+    points = [json.loads(line) for line in path.read_text().splitlines()]
+    return [Point(**(p | {"server_versions": tuple(p["server_versions"])})) for p in points]
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_runs(runs: dict[str, list[Point]], path: Path, title: str) -> Path:
+    """The mean reward of several runs of one task side by side, against wall time and against
+    trained samples."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for name, points in runs.items():
+        axes[0].plot([p.elapsed_s for p in points], [p.reward for p in points], label=name)
+        axes[1].plot([p.trained for p in points], [p.reward for p in points], label=name)
+    for ax, label in ((axes[0], "seconds"), (axes[1], "trained samples")):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    axes[0].set_ylabel("mean reward (last 256 samples)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot(points: list[Point], path: Path, title: str) -> Path:
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
     for column, x, label in ((0, [p.elapsed_s for p in points], "seconds"),
                              (1, [p.trained for p in points], "trained samples")):  # fmt: skip

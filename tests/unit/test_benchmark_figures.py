@@ -1,5 +1,6 @@
 """`benchmarks/pipeline_vs_sync.py`'s long-tail figures, computed from small recorded inputs: the
-completion length distribution from a journal, and the batch occupancy from decode counters."""
+completion length distribution from a journal, the batch occupancy from decode counters, and the
+plot of the runs' rewards."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from benchmarks.pipeline_vs_sync import (
 )
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.launcher.report import MetricsLog, Point, plot_runs, read_points
 
 
 def test_length_figures_are_nearest_rank_percentiles() -> None:
@@ -123,3 +125,29 @@ def test_token_lag_weighs_the_trainers_histograms_by_token(tmp_path: Path) -> No
     steps = [{"lag_histogram": {"0": 30}}, {"lag_histogram": {"1": 10}}]
     (tmp_path / "trainer_metrics.jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps))
     assert token_lag(tmp_path) == 0.25
+
+
+def test_the_runs_rewards_are_read_back_and_drawn_side_by_side(tmp_path: Path) -> None:
+    """The comparison plot reads each run's metrics.jsonl as the run wrote it."""
+    runs = {}
+    for name, slope in (("pipeline", 0.02), ("sync", 0.01)):
+        log = MetricsLog(tmp_path / f"{name}.jsonl")
+        for second in range(1, 30):
+            log.add(
+                Point(
+                    second,
+                    128 * second,
+                    min(slope * second, 1.0),
+                    0.0,
+                    0.5,
+                    128.0,
+                    second,
+                    (second,),
+                    0.1,
+                    1.0,
+                )
+            )
+        runs[name] = read_points(log.path)
+        assert runs[name] == log.points
+    path = plot_runs(runs, tmp_path / "reward.png", "builtin:repeat")
+    assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 10_000
