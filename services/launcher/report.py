@@ -75,10 +75,11 @@ def _pyplot() -> Any:
 
 def plot_runs(runs: dict[str, list[Point]], path: Path, title: str) -> Path:
     """The mean reward of several runs of one task side by side, against wall time and against
-    trained samples."""
+    trained samples, from each run's first trained sample on."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for name, points in runs.items():
+    for name, every in runs.items():
+        points = [p for p in every if p.trained > 0]
         axes[0].plot([p.elapsed_s for p in points], [p.reward for p in points], label=name)
         axes[1].plot([p.trained for p in points], [p.reward for p in points], label=name)
     for ax, label in ((axes[0], "seconds"), (axes[1], "trained samples")):
