@@ -68,7 +68,7 @@ from typing import Literal
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.launcher.config import RunSettings
-from pipelinerl.launcher.report import plot_runs, read_points
+from pipelinerl.launcher.report import Point, plot_runs, read_points
 from pipelinerl.launcher.run import RunResult, launch
 
 log = get_logger("benchmark")
@@ -88,12 +88,12 @@ def fresh_folder(out: Path) -> Path:
     return out
 
 
-def check_run(result: RunResult, points: list[dict[str, float]], samples: int) -> None:
+def check_run(result: RunResult, points: list[Point], samples: int) -> None:
     """A completed run of `samples` attempts, measured from its start: progress points from the
     first trained samples on, and wall time for each of them."""
     if result.state != "completed":
         raise NoFigures(f"the {result.mode} run ended {result.state}, not completed")
-    if result.trained <= 0 or len(points) < 2 or points[0]["trained"] >= samples:
+    if result.trained <= 0 or len(points) < 2 or points[0].trained >= samples:
         raise NoFigures(f"the {result.mode} run has no progress of its own ({len(points)} points)")
     if result.elapsed_s < 1:
         raise NoFigures(
@@ -267,15 +267,15 @@ class OccupancySampler(threading.Thread):
             (self.run_dir / "occupancy.jsonl").write_text("".join(lines))
 
 
-def progress_points(result: RunResult) -> list[dict[str, float]]:
+def progress_points(result: RunResult) -> list[Point]:
     """The run's metrics.jsonl: one progress point per second (elapsed_s, trained, reward, ...)."""
-    return [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    return read_points(result.metrics_path)
 
 
 def time_to(result: RunResult, target: float) -> float | None:
     """First time the reward (the coordinator's moving mean of the last 256 samples) reaches `target`."""
     points = progress_points(result)
-    return next((p["elapsed_s"] for p in points if p["trained"] > 0 and p["reward"] >= target), None)
+    return next((p.elapsed_s for p in points if p.trained > 0 and p.reward >= target), None)
 
 
 def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMPLES) -> float | None:
@@ -283,17 +283,17 @@ def time_to_sustained(result: RunResult, target: float, span: int = SUSTAIN_SAMP
     `target`: less sensitive to one lucky window than `time_to`."""
     points = progress_points(result)
     for i, point in enumerate(points):
-        window = [p["reward"] for p in points[: i + 1] if p["trained"] > point["trained"] - span]
-        if point["trained"] >= span and statistics.fmean(window) >= target:
-            return point["elapsed_s"]
+        window = [p.reward for p in points[: i + 1] if p.trained > point.trained - span]
+        if point.trained >= span and statistics.fmean(window) >= target:
+            return point.elapsed_s
     return None
 
 
 def final_mean(result: RunResult, span: int = FINAL_SAMPLES) -> float:
     """Mean of the reward points over the last `span` trained samples (steadier than the last point)."""
     points = progress_points(result)
-    last = points[-1]["trained"]
-    return statistics.fmean(p["reward"] for p in points if p["trained"] > max(last - span, 0))
+    last = points[-1].trained
+    return statistics.fmean(p.reward for p in points if p.trained > max(last - span, 0))
 
 
 def throughput_ceiling(out: Path, sync_seconds: float) -> float:
@@ -421,7 +421,7 @@ def main() -> int:
             "conventional_mean_lag": token_lag(Path(args.out) / "conventional"),
             "conventional_seconds": round(conventional.elapsed_s, 1),
         }
-    runs = {name: read_points(result.metrics_path) for name, result in
+    runs = {name: progress_points(result) for name, result in
             (("pipeline", pipeline), ("sync", sync), ("conventional", conventional)) if result}  # fmt: skip
     figures["plot"] = str(plot_runs(runs, Path(args.out) / "reward.png", f"{args.dataset}, lr {args.lr}"))
     print(json.dumps(figures))

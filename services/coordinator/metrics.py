@@ -68,8 +68,12 @@ def watch(
             "reward_calls": "Score calls made; groups scored in the same turn share one.",
             "reward_retries": "Score calls sent again to another reward replica after theirs failed them.",
         }
-        totals = {"redispatches": pool.redispatches, "reward_calls": reward.calls}
-        yield from counters(PREFIX, docs, totals | {"reward_retries": reward.retries})
+        totals = {
+            "redispatches": pool.redispatches,
+            "reward_calls": reward.calls,
+            "reward_retries": reward.retries,
+        }
+        yield from counters(PREFIX, docs, totals)
 
     register_snapshot(registry, snapshot)
 

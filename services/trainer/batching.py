@@ -150,7 +150,7 @@ def _cheapest_ranges(
             for i in range(cuts[end - 1], cuts[end]):
                 seen.add(prompts[i])
                 longest_prompt = max(longest_prompt, len(ordered[i].prompt_token_ids))
-            tokens = len(seen) * longest_prompt + (cuts[end] - cuts[k]) * width
+            tokens = _padded_tokens(len(seen), longest_prompt, cuts[end] - cuts[k], width)
             if tokens > token_budget and end > k + 1:
                 break
             total = tokens + math.ceil(tokens / token_budget) * overhead_tokens + cost[end]
@@ -177,12 +177,20 @@ class _Packing:
         prompts = self.prompts | {tuple(sample.prompt_token_ids)}
         longest_prompt = max(self.longest_prompt, len(sample.prompt_token_ids))
         longest_completion = max(self.longest_completion, len(sample.completion))
-        if len(prompts) * longest_prompt + (len(self.samples) + 1) * longest_completion > token_budget:
+        if (
+            _padded_tokens(len(prompts), longest_prompt, len(self.samples) + 1, longest_completion)
+            > token_budget
+        ):
             return False
         self.samples.append(sample)
         self.prompts = prompts
         self.longest_prompt, self.longest_completion = longest_prompt, longest_completion
         return True
+
+
+def _padded_tokens(prompts: int, longest_prompt: int, rows: int, longest_completion: int) -> int:
+    """What a micro-batch runs, padding included: its distinct prompts, then its completion rows."""
+    return prompts * longest_prompt + rows * longest_completion
 
 
 def collate(samples: Sequence[Sample], advantages: Mapping[str, float], pad_token_id: int) -> MicroBatch:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.pipeline_vs_sync import NoFigures, check_run
+from pipelinerl.launcher.report import Point
 from pipelinerl.launcher.run import RunResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,8 @@ def result(state: str = "completed", elapsed_s: float = 60.0, trained: int = 256
     )  # fmt: skip
 
 
-def points(*trained: int) -> list[dict[str, float]]:
-    return [{"elapsed_s": float(i), "trained": t, "reward": 0.5} for i, t in enumerate(trained)]
+def points(*trained: int) -> list[Point]:
+    return [Point(float(i), t, 0.5, 0.0, 0.0, 0.0, 0, (), 0.0, 0.0) for i, t in enumerate(trained)]
 
 
 def test_a_folder_holding_a_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
