@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from pipelinerl.common import convert
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
@@ -46,18 +49,23 @@ class TrainerClient(ServiceClient):
         self, batches: AsyncIterable[Sequence[Sample] | Flush]
     ) -> AsyncIterator[tuple[list[SampleAck], int]]:
         """Send batches of samples (or a `Flush`); yields each response's acks with the trainer's
-        `durable_version` at that point."""
+        `durable_version` at that point.
 
-        async def requests() -> AsyncIterator[pb.SubmitSamplesRequest]:
-            async for batch in batches:
-                if isinstance(batch, Flush):
-                    yield pb.SubmitSamplesRequest(flush=True, checkpoint=batch.checkpoint)
-                else:
-                    yield pb.SubmitSamplesRequest(samples=[convert.sample_to_proto(s) for s in batch])
-
-        with domain_errors():
-            async for response in self._stub.SubmitSamples(requests()):
-                yield [ack_from_proto(ack) for ack in response.acks], response.durable_version
+        `batches` is read only while the stream is open: once it ends, broken or done, a batch
+        being awaited is cancelled, not taken. (A request iterator handed to gRPC would outlive a
+        call that fails on its own, and take the next batch of a source that a new stream reads.)"""
+        call = self._stub.SubmitSamples()
+        writer = asyncio.create_task(_write_all(call, batches))
+        try:
+            with domain_errors():
+                async for response in call:
+                    yield [ack_from_proto(ack) for ack in response.acks], response.durable_version
+        finally:
+            writer.cancel()
+            call.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            if not writer.cancelled() and (error := writer.exception()) is not None:
+                raise error  # `batches` itself failed: the call was cancelled for it
 
     async def watch_weights(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
         with domain_errors():
@@ -80,3 +88,22 @@ class TrainerClient(ServiceClient):
     async def status(self, timeout_s: float | None = None) -> TrainerStatus:
         with domain_errors():
             return status_from_proto(await self._stub.GetStatus(pb.GetStatusRequest(), timeout=timeout_s))
+
+
+async def _write_all(
+    call: grpc.aio.StreamStreamCall, batches: AsyncIterable[Sequence[Sample] | Flush]
+) -> None:
+    """Write every batch on `call`, then half-close it. Returns quietly when the call has ended (its
+    reader reports why); cancels the call if `batches` raises."""
+    try:
+        async for batch in batches:
+            if isinstance(batch, Flush):
+                await call.write(pb.SubmitSamplesRequest(flush=True, checkpoint=batch.checkpoint))
+            else:
+                await call.write(pb.SubmitSamplesRequest(samples=[convert.sample_to_proto(s) for s in batch]))
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        return
+    except Exception:
+        call.cancel()
+        raise
