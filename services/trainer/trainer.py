@@ -177,8 +177,9 @@ class Trainer:
         self.publisher.release(receiver_id, version)
 
     def status(self) -> TrainerStatus:
+        # The version published, not a step's that is still being published: clients fetch it.
         return TrainerStatus(
-            version=WeightVersion(self.version, self.publisher.run_id),
+            version=self.publisher.latest or WeightVersion(self.version, self.publisher.run_id),
             buffered_samples=self._buffered,
             trained_samples=len(self.trained_ids),
             durable_version=self.durable_version,
@@ -341,6 +342,9 @@ class Trainer:
             if metrics.stepped:
                 self.trained_ids[sample.sample_id] = self.version
             self._held.pop(sample.sample_id)(SampleAck(sample.sample_id, disposition, self.version))
+        # The step is over for the client: it may answer these acks with a flush at once, while the
+        # checkpoint below is written, and would not ask again (`flush` ignores a step under way).
+        self._stepping = False
         async with self._changed:
             self._buffered -= len(samples)
             self._changed.notify_all()

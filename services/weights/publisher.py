@@ -130,6 +130,11 @@ class WeightPublisher:
         return self._store.port if self._store is not None else 0
 
     @property
+    def latest(self) -> WeightVersion | None:
+        """The newest version published (None before the first)."""
+        return self._latest.version if self._latest is not None else None
+
+    @property
     def watchers(self) -> int:
         return len(self._watchers)
 
