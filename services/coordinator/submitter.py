@@ -9,9 +9,10 @@ journal's record of what the trainer did with each sample.
 until the trainer's `durable_version` covers its step. If the stream breaks (the trainer
 restarts), it is reopened and every sample not final, or trained but not durable, is sent again:
 a trainer that still has it acks DUPLICATE, one restarted from an older checkpoint trains it
-again. Either way its gradient ends up in the trainer's checkpointed weights once. A flush that the
-broken stream carried is sent again after them: a run whose groups all wait on the trainer sends
-no other, and a restarted trainer holding a partial step would wait for samples that never come.
+again, and no durable version counts for it until one of those answers. Either way its gradient
+ends up in the trainer's checkpointed weights once. A flush that the broken stream carried is
+sent again after them: a run whose groups all wait on the trainer sends no other, and a
+restarted trainer holding a partial step would wait for samples that never come.
 """
 
 from __future__ import annotations
@@ -172,6 +173,10 @@ class TrainerSubmitter:
         while not self._queue.empty():
             if isinstance(item := self._queue.get_nowait(), Flush):
                 flushes.append(item)
+        # No durable version covers a kept sample until the new stream's trainer has answered for
+        # it: one restarted from an older checkpoint lost its step (and acks it ACCEPTED, then
+        # TRAINED again); one that still has it acks DUPLICATE with its version.
+        self._kept = {sample_id: (sample, _NOT_YET) for sample_id, (sample, _) in self._kept.items()}
         samples = [sample for sample, _ in self._waiting.values()] + [s for s, _ in self._kept.values()]
         for group in _by_group(samples).values():
             self._queue.put_nowait(_regrouped(group))

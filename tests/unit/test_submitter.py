@@ -160,3 +160,55 @@ async def test_groups_queued_in_one_turn_leave_as_one_message_up_to_the_limit(
         Flush(checkpoint=True),
         ["g3-a0", "g3-a1"],
     ]
+
+
+class LostStepTrainer:
+    """The first stream trains the sample as version 5, then dies with that step (its checkpoint
+    is older). The restarted trainer reports a durable version of 6 before it reads anything (its
+    resumed weights, checkpointed as 6), then trains the resent sample again as version 7."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+        self.retrained = False
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        self.streams += 1
+        if self.streams > 1:
+            yield [], 6
+        buffered: list[Sample] = []
+        async for item in batches:
+            if self.streams == 1:
+                if isinstance(item, Flush):
+                    raise Unavailable("the trainer was killed")
+                yield [SampleAck(s.sample_id, Disposition.TRAINED, 5) for s in item], -1
+            elif not isinstance(item, Flush):
+                buffered += item
+                yield [SampleAck(s.sample_id, Disposition.ACCEPTED, 6) for s in item], 6
+            else:
+                self.retrained = self.retrained or bool(buffered)
+                yield [SampleAck(s.sample_id, Disposition.TRAINED, 7) for s in buffered], 7
+                buffered = []
+
+
+async def test_a_sample_whose_step_died_with_the_trainer_is_durable_only_once_trained_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted trainer's durable version can pass the version of a lost step before the resend
+    reaches it: that version does not hold the sample, so the journal must not call it final."""
+    monkeypatch.setattr(submitter_module, "RECONNECT_S", 0.01)
+    trainer = LostStepTrainer()
+    marked: list[tuple[list[str], bool]] = []
+    journal = Journal(tmp_path / "journal.sqlite")
+    monkeypatch.setattr(journal, "mark_durable", lambda ids: marked.append((list(ids), trainer.retrained)))
+    submitter = TrainerSubmitter(trainer, journal)  # type: ignore[arg-type]
+    submitter.start()
+    try:
+        [future] = submitter.send([SAMPLE]).values()
+        assert (await asyncio.wait_for(future, timeout=5)).version == 5
+        await asyncio.wait_for(submitter.settle(), timeout=5)
+    finally:
+        await submitter.close()
+        journal.close()
+    assert marked == [(["s0"], True)]  # once, after the step that holds it again
