@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from pipelinerl.common.errors import FailedPrecondition, PipelineError
+from pipelinerl.common.errors import FailedPrecondition, PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
@@ -50,6 +50,10 @@ class WeightSource(Protocol):
     ) -> AsyncIterator[WeightChunk]: ...
 
     async def release_weights(self, receiver_id: str, version: WeightVersion, /) -> None: ...
+
+
+class VersionGone(FailedPrecondition):
+    """The trainer refused to send a version: it moved past it, or restarted since announcing it."""
 
 
 @dataclass
@@ -97,18 +101,27 @@ class WeightReceiver:
         self.stats = ReceiverStats()
 
     async def run(self) -> None:
-        """Follow the trainer until cancelled, reconnecting when the stream drops."""
+        """Follow the trainer until cancelled. The stream is reopened when it drops: at once if it
+        had announced a version (a restarted trainer announces its newest on the new one), else
+        after `reconnect_s`. An update that failed drops the stream too, and the new one, opened
+        after `reconnect_s`, announces the newest version again."""
         while True:
+            wait = True
             try:
                 current = -1 if self.version is None else self.version.version
                 request = WatchRequest(self._receiver_id, current, self._accepts_broadcast, self._cuda_uuid)
                 async for notice in self._source.watch_weights(request):
+                    failed = self.stats.failed_updates
                     await self.receive(notice)
+                    wait = self.stats.failed_updates > failed
+                    if wait:
+                        break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the trainer restarting or unreachable: keep serving, retry
                 log.warning("weight stream lost; reconnecting", error=str(exc), retry_s=self._reconnect_s)
-            await asyncio.sleep(self._reconnect_s)
+            if wait:
+                await asyncio.sleep(self._reconnect_s)
 
     async def receive(self, notice: WeightNotice) -> bool:
         """Receive, verify and apply one version. False (old weights kept) if it could not be had."""
@@ -137,6 +150,10 @@ class WeightReceiver:
         try:
             if missing:
                 await self._fetch(notice.version, layout, buckets, missing)
+        except VersionGone as exc:  # superseded, not failed: the next notice names a held version
+            log.warning("version no longer held; keeping the old weights", version=notice.version.version,
+                        error=exc.message)  # fmt: skip
+            return False
         except PipelineError as exc:
             self._fail(notice.version, exc.message)
             return False
@@ -239,6 +256,8 @@ class WeightReceiver:
                 await self._fetch_once(version, layout, buckets, wanted)
                 self.stats.fetches += 1
                 return
+            except (VersionGone, Unavailable):
+                raise  # asking again cannot help: a newer notice (or stream) brings a held version
             except PipelineError as exc:
                 last_error = exc
                 if isinstance(exc, FailedPrecondition):  # a chunk or bucket failed its check
@@ -251,7 +270,7 @@ class WeightReceiver:
     async def _fetch_once(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor], wanted: list[int]
     ) -> None:
-        async for chunk in self._source.fetch_weights(version, wanted):
+        async for chunk in self._chunks(version, wanted):
             if chunk.bucket not in wanted:
                 raise FailedPrecondition(f"chunk of bucket {chunk.bucket}, which was not asked for")
             if crc32(chunk.data) != chunk.checksum.value:
@@ -266,3 +285,12 @@ class WeightReceiver:
             )
         for index in wanted:
             bucketing.verify(layout, index, buckets[index])
+
+    async def _chunks(self, version: WeightVersion, wanted: list[int]) -> AsyncIterator[WeightChunk]:
+        """The trainer's chunks of `version`; its FAILED_PRECONDITION (a version it no longer holds,
+        or of another run) as `VersionGone`."""
+        try:
+            async for chunk in self._source.fetch_weights(version, wanted):
+                yield chunk
+        except FailedPrecondition as exc:
+            raise VersionGone(exc.message) from exc

@@ -56,10 +56,11 @@ def fake_crash_mid_checkpoint(checkpoints: Path) -> None:
 async def run_with_a_kill(tmp_path: Path, name: str, when: str, budget: int = BUDGET) -> tuple[Path, int]:
     """Run to the budget, SIGKILLing `name` once `when` holds and starting it again. Returns the
     run folder and the trainer version at the kill."""
-    # max_lag above the run's steps: a restarted trainer retrains its resent backlog at several
-    # steps a second, faster than an inference server whose announced version died with the old
-    # trainer reconnects for the newest, so samples of its old weights would be dropped as stale;
-    # this checks exactly-once across the kill, not the lag policy (test_lag_policy does).
+    # max_lag above the run's steps: a restarted trainer trains its resent backlog (the steps it
+    # lost and the samples in flight) in under a second, sooner than the inference servers, whose
+    # weight stream died with the old trainer, are back on it (gRPC's retries, then the receiver's
+    # reconnect delay); samples of their old weights would be over max_lag 4 and dropped, as the
+    # lag policy says. This checks exactly-once across the kill; test_lag_policy checks the policy.
     settings = RunSettings(
         run_dir=tmp_path / "run", max_samples=budget, inference_servers=2, duration_s=300,
         trainer={"checkpoint_every": CHECKPOINT_EVERY, "max_lag": 64},
