@@ -101,30 +101,29 @@ class WeightReceiver:
         self.stats = ReceiverStats()
 
     async def run(self) -> None:
-        """Follow the trainer until cancelled. The stream is reopened when it drops: at once if it
-        had announced a version (a restarted trainer announces its newest on the new one), else
-        after `reconnect_s`. An update that failed drops the stream too, and the new one, opened
-        after `reconnect_s`, announces the newest version again."""
+        """Follow the trainer until cancelled. The stream is reopened when it drops, or when no
+        trainer answered a fetch (its end may not have been seen yet): at once if it had announced
+        a version (a restarted trainer announces its newest on the new one), else after
+        `reconnect_s`."""
         while True:
-            wait = True
+            announced = False
             try:
                 current = -1 if self.version is None else self.version.version
                 request = WatchRequest(self._receiver_id, current, self._accepts_broadcast, self._cuda_uuid)
                 async for notice in self._source.watch_weights(request):
-                    failed = self.stats.failed_updates
+                    announced = True
                     await self.receive(notice)
-                    wait = self.stats.failed_updates > failed
-                    if wait:
-                        break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the trainer restarting or unreachable: keep serving, retry
                 log.warning("weight stream lost; reconnecting", error=str(exc), retry_s=self._reconnect_s)
-            if wait:
+            if not announced:
                 await asyncio.sleep(self._reconnect_s)
 
     async def receive(self, notice: WeightNotice) -> bool:
-        """Receive, verify and apply one version. False (old weights kept) if it could not be had."""
+        """Receive, verify and apply one version. False (old weights kept) if it could not be had.
+        Raises Unavailable (old weights kept, the update counted as failed) if no trainer answered
+        its fetch: the version may have died with its trainer, and the stream with it."""
         started = time.perf_counter()
         layout = notice.layout
         held = (
@@ -156,6 +155,8 @@ class WeightReceiver:
             return False
         except PipelineError as exc:
             self._fail(notice.version, exc.message)
+            if isinstance(exc, Unavailable):
+                raise
             return False
         try:
             await self._apply(notice.version, layout, buckets)

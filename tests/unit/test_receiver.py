@@ -90,6 +90,6 @@ async def test_a_version_gone_with_a_restarted_trainer_gives_way_to_its_newest_a
 
 async def test_a_version_that_no_trainer_can_send_is_not_retried_and_the_stream_is_reopened() -> None:
     source = RestartedTrainer(down=True)
-    receiver, applied = await follow(source, reconnect_s=0.05)
+    receiver, applied = await follow(source, reconnect_s=30.0)
     assert applied == [7] and source.fetched == [6, 7] and source.streams == 2
     assert receiver.stats.failed_updates == 1
