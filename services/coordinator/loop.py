@@ -151,7 +151,7 @@ class RunLoop:
         if resumed:
             log.info("resuming groups from the journal", groups=len(resumed))
         trained = [(g, a) for g in resumed for a in g.attempts if a.state == "trained"]
-        self._submitter.keep([(_sample(g, a, len(g.attempts)), a.version) for g, a in trained])
+        self._submitter.keep([_sample(g, a, len(g.attempts)) for g, a in trained])
         tasks = {asyncio.create_task(self._run_group(group)) for group in resumed}
         self._in_flight += sum(len(g.attempts) for g in resumed)
         self._groups += len(resumed)

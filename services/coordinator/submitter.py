@@ -32,7 +32,7 @@ log = get_logger(__name__)
 
 RECONNECT_S = 1.0
 _TRAINED = (Disposition.TRAINED, Disposition.DUPLICATE)
-_NOT_YET = 2**62  # the version of a kept sample being trained again
+_NOT_YET = 2**62  # the version of a kept sample resent, until the trainer answers for it
 
 
 class TrainerSubmitter:
@@ -72,12 +72,12 @@ class TrainerSubmitter:
         self._queue.put_nowait(list(samples))
         return futures
 
-    def keep(self, trained: Sequence[tuple[Sample, int]]) -> None:
-        """Samples the journal holds as trained but not durable (a resumed run): resend them."""
-        for sample, version in trained:
-            self._kept[sample.sample_id] = (sample, version)
-        for group in _by_group([sample for sample, _ in trained]).values():
-            self._queue.put_nowait(_regrouped(group))
+    def keep(self, trained: Sequence[Sample]) -> None:
+        """Samples the journal holds as trained but not durable (a resumed run): resend them. As on
+        every resend, no durable version counts for one until the trainer has answered for it."""
+        for sample in trained:
+            self._kept[sample.sample_id] = (sample, _NOT_YET)
+        self._queue_by_group(trained)
 
     def flush(self, checkpoint: bool = False) -> None:
         """Ask the trainer to train what it holds (nothing more is coming for now)."""
@@ -126,8 +126,6 @@ class TrainerSubmitter:
         for ack in acks:
             self.latest_version = max(self.latest_version, ack.version)
             if not ack.disposition.final:
-                if ack.sample_id in self._kept:  # a restarted trainer lost its step: durable once retrained
-                    self._kept[ack.sample_id] = (self._kept[ack.sample_id][0], _NOT_YET)
                 continue
             waiting = self._waiting.pop(ack.sample_id, None)
             kept = self._kept.pop(ack.sample_id, None)
@@ -177,11 +175,15 @@ class TrainerSubmitter:
         # it: one restarted from an older checkpoint lost its step (and acks it ACCEPTED, then
         # TRAINED again); one that still has it acks DUPLICATE with its version.
         self._kept = {sample_id: (sample, _NOT_YET) for sample_id, (sample, _) in self._kept.items()}
-        samples = [sample for sample, _ in self._waiting.values()] + [s for s, _ in self._kept.values()]
-        for group in _by_group(samples).values():
-            self._queue.put_nowait(_regrouped(group))
+        self._queue_by_group(
+            [sample for sample, _ in self._waiting.values()] + [s for s, _ in self._kept.values()]
+        )
         if flushes:
             self.flush(checkpoint=any(f.checkpoint for f in flushes))
+
+    def _queue_by_group(self, samples: Sequence[Sample]) -> None:
+        for group in _by_group(samples).values():
+            self._queue.put_nowait(_regrouped(group))
 
 
 def _drained(queue: asyncio.Queue[list[Sample] | Flush]) -> list[list[Sample] | Flush]:
