@@ -59,6 +59,7 @@ class InferenceMetrics:
             ["finish_reason"],
             registry=registry,
         )
+        self._sequences_by = {reason: self._sequences.labels(reason.value) for reason in FinishReason}
         self._tokens = Counter(
             f"{PREFIX}_generated_tokens", "Tokens of the finished sequences.", registry=registry
         )
@@ -70,7 +71,7 @@ class InferenceMetrics:
         )
 
     def finished(self, reason: FinishReason, tokens: int) -> None:
-        self._sequences.labels(reason.value).inc()
+        self._sequences_by[reason].inc()
         self._tokens.inc(tokens)
 
     def updated(self, receive_s: float, stall_s: float) -> None:

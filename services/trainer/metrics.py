@@ -63,6 +63,8 @@ class TrainerMetrics:
             ["disposition"],
             registry=registry,
         )
+        # One child per disposition, bound once: `labels()` on every ack costs more than the count.
+        self._acks_by = {disposition: self._acks.labels(disposition.value) for disposition in Disposition}
         self._phases = Histogram(
             f"{PREFIX}_step_phase_seconds",
             "Time of each phase of an optimizer step: wait (for its samples), prepare, "
@@ -82,7 +84,7 @@ class TrainerMetrics:
         """Trained completion tokens per lag (versions between the token's weights and the step's)."""
 
     def acked(self, disposition: Disposition) -> None:
-        self._acks.labels(disposition.value).inc()
+        self._acks_by[disposition].inc()
 
     def stepped(self, step: StepMetrics, wait_s: float, publish_s: float, step_s: float) -> None:
         phases = {
