@@ -9,7 +9,7 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
                                           [--dataset builtin:copy:2] [--model tiny]
                                           [--max-new-tokens N] [--conventional-steps 0]
 
-`--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 161 tokens, p99 about
+`--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 129 tokens, p99 about
 ten times the median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
 K` (K > 1) adds a third run, the conventional variant the PipelineRL paper compares against: sync
 mode with rounds of K × samples-per-step, each generated with one version and then trained by K

@@ -5,10 +5,11 @@ a fast bench for comparing the method's defaults over seeds (its curves are in s
 machine changes its speed, not its figures).
 
     python benchmarks/single_process.py [--dataset builtin:copy:2] [--samples 40960] [--seed 0]
-        [--lag 0] [--lr LR] [--entropy-coef C] [--temperature T] [--learner '{"loss": {"kind": "ppo"}}']
+        [--lag 0] [--lr LR] [--entropy-coef C] [--entropy-floor F] [--temperature T]
+        [--learner '{"loss": {"kind": "ppo"}}']
 
-Its defaults are `pipelinerl run`'s (group size, samples per step, temperature, lr, entropy bonus);
-`--learner` overrides any field of the trainer's learner config.
+Its defaults are `pipelinerl run`'s (group size, samples per step, temperature, lr, entropy bonus
+and its floor); `--learner` overrides any field of the trainer's learner config.
 
 `--lag 1` samples each batch with the weights of one optimizer step before the learner's, as a
 pipeline whose inference trails the trainer by one version does.
@@ -95,6 +96,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=run["temperature"].default)
     parser.add_argument("--lr", type=float, default=run["lr"].default)
     parser.add_argument("--entropy-coef", type=float, default=run["entropy_coef"].default)
+    parser.add_argument("--entropy-floor", type=float, default=run["entropy_floor"].default,
+                        help="nats per token; unset or 0: the bonus acts at every entropy")  # fmt: skip
     parser.add_argument("--learner", default="{}", help="LearnerConfig fields over the run's, as JSON")
     parser.add_argument("--lag", type=int, default=0, help="optimizer steps the sampling weights trail by")
     parser.add_argument("--seed", type=int, default=0)
@@ -108,7 +111,8 @@ def main() -> None:
 
     loaded = build_preset(args.model, seed=args.seed)
     learner_config = {
-        "lr": args.lr, "temperature": args.temperature, "loss": {"entropy_coef": args.entropy_coef},
+        "lr": args.lr, "temperature": args.temperature,
+        "loss": {"entropy_coef": args.entropy_coef, "entropy_floor": args.entropy_floor or None},
         "advantages": {"skip_zero_variance": False},
     }  # fmt: skip
     config = LearnerConfig.model_validate(merge(learner_config, json.loads(args.learner)))

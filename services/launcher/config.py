@@ -70,6 +70,11 @@ class RunSettings(LayeredSettings):
     """Weight of the trainer's entropy bonus (`learner.loss.entropy_coef`). Without it the tiny
     policy collapses onto fixed answers for most prompts (groups of equal rewards, entropy near 0)
     and the built-in task plateaus; docs/benchmarks.md has the comparison over seeds."""
+    entropy_floor: float | None = Field(default=None, gt=0)
+    """Nats per token (`learner.loss.entropy_floor`): when set, the bonus acts only on samples whose
+    mean token entropy is below it, so it stops a collapse without pushing up the entropy of a
+    policy that still explores. Unset: the bonus acts at every entropy. docs/benchmarks.md has the
+    comparison over seeds."""
     max_samples: int = Field(default=0, ge=0)
     """Stop after this many samples have been trained on; 0 means until `duration_s`."""
     duration_s: float = Field(default=480.0, gt=0)

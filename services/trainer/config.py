@@ -72,6 +72,10 @@ class LossConfig(BaseModel):
     """Weight of the entropy bonus, subtracted from the loss: each sample's mean token entropy,
     averaged over the step's samples (it does not grow with completion length, whatever
     `weighting` is); 0 still reports entropy."""
+    entropy_floor: float | None = Field(default=None, gt=0)
+    """Nats per token. When set, the bonus acts only on the samples whose mean token entropy is below
+    it: it keeps a policy from collapsing onto fixed answers without pushing up the entropy of one
+    that is still exploring (where it competes with the reward for the step)."""
     weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
     """How per-token terms are averaged over the optimizer step."""
     max_log_ratio: float = Field(default=10.0, gt=0)

@@ -124,6 +124,10 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
         # weighting: the bonus must not grow with a completion's length, or on long completions
         # it outweighs the reward and drives the policy to uniform.
         per_sample = token_weights(mask, TokenWeighting.SEQUENCE, totals)
+        if config.entropy_floor is not None:
+            # A sample already above the floor gets no push: min(mean entropy, floor) per sample.
+            below = masked_sequence_mean(inputs.entropy.detach(), mask) < config.entropy_floor
+            per_sample = per_sample * below[:, None]
         loss = loss - config.entropy_coef * torch.where(mask, inputs.entropy * per_sample, 0.0).sum()
     return LossOutput(loss, _stats(loss, log_ratio, clipped, mask, kl, inputs.entropy))
 

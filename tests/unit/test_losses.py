@@ -242,3 +242,19 @@ def test_entropy_bonus_is_each_samples_mean_whatever_its_length(weighting: Token
 
     means = [entropy[row, :length].mean() for row, length in enumerate(LENGTHS)]
     assert loss.item() == pytest.approx(-0.5 * float(torch.stack(means).mean()))
+
+
+def test_entropy_floor_leaves_the_samples_above_it_alone() -> None:
+    """With a floor, only the samples whose mean token entropy is below it get the bonus's gradient;
+    the others, still exploring, are pushed by the reward alone."""
+    _, mask, _ = _batch()
+    entropy = torch.tensor([[2.0] * 5, [0.2] * 3 + [0.0] * 2, [1.5] + [0.0] * 4], requires_grad=True)
+    zeros = torch.zeros(mask.shape)
+    config = LossConfig(entropy_coef=0.5, entropy_floor=1.0)
+
+    policy_loss(LossInputs(zeros, zeros, zeros, mask, entropy=entropy), config, _totals(mask)).loss.backward()
+
+    assert entropy.grad is not None
+    pushed = entropy.grad.ne(0).any(dim=1).tolist()
+    assert pushed == [False, True, False]
+    assert entropy.grad[1, :3] == pytest.approx(torch.full((3,), -0.5 / (3 * len(LENGTHS))))
