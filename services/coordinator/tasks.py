@@ -12,11 +12,12 @@ matters; a randomly initialised model starts near 0 and learns the task with RL 
     sort     "4071="   ->  "0147"         same                             digits
     repeat   "77777="  ->  "77777"        the largest count, 8-512 (128)   digits_strict
 
-`repeat` is the long-tail task: a digit written `count` times, `count` drawn log-uniformly from 1
-to the size, to be written again as many times. Completions (answer and end-of-sequence) run from
-2 tokens to size + 1, with a median near sqrt(size) and a mean near size / ln(size): 12, 27 and
-129 tokens at size 128, p99 about ten times the median, so every batch holds a few long
-generations, as reasoning traces do. The length is the answer's: `digits_strict` counts every
+`repeat` is the long-tail task: a digit written `count` times, to be written again as many times,
+`count` from 1 to the size with log(count) = log(size) × u^1.5 for u uniform (log-uniform, tilted
+towards short answers). Completions (answer and end-of-sequence) run from 2 tokens to size + 1: at
+size 128 a median of 7, a mean of 20 and a p99 of about 120 tokens, so every round of 16 groups
+holds a few long generations beside many short ones (its p99 about 11 times its median), as
+reasoning traces do. The length is the answer's: `digits_strict` counts every
 character of the final answer, so filler costs credit, and a completion earns full credit only at
 exactly the answer's length. The count is written out in unary rather than in decimal because a
 tiny model learns to match the length of a run it can attend to sooner than to read a number
@@ -66,9 +67,15 @@ def _digit_task(solve: Callable[[str], str]) -> Task:
     return Task(draw, range(1, 33), 2, "digits", "digits")
 
 
+_REPEAT_TILT = 1.5
+"""Exponent on the uniform draw of `repeat`'s log count: 1 would be log-uniform (a round's p99 over
+its median about 6.5 at size 128, since a round holds only 16 prompts); 1.5 gives about 11."""
+
+
 def _repeat(rng: random.Random, largest: int) -> tuple[str, str]:
     digit = rng.choice("0123456789")
-    count = min(round(math.exp(rng.uniform(0.0, math.log(largest)))), largest)
+    # log(count) = log(largest) * u ** 1.5, u uniform in [0, 1): log-uniform tilted towards short
+    count = max(1, min(round(math.exp(math.log(largest) * rng.random() ** _REPEAT_TILT)), largest))
     return f"{digit * count}=", digit * count
 
 
