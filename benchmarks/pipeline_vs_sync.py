@@ -31,7 +31,9 @@ journal and its inference server's counters:
 - `length_p50`, `length_p90`, `length_p99`, `length_max`, `length_mean`, `length_p99_over_p50`:
   completion lengths in tokens (end-of-sequence included) of every attempt the pipeline run
   generated; `sync_length_mean`, `sync_length_p99_over_p50` the same of the sync run, and
-  `sync_round_length_p99_over_p50` the median over the sync run's rounds of each round's ratio.
+  `sync_round_length_p99_over_p50` the median over the sync run's rounds of each round's ratio;
+  `length_p99_over_p50_by_quarter` and `sync_round_length_p99_over_p50_by_quarter` the same over
+  each quarter of the run's attempts (a policy learns the lengths as it goes).
 - `occupancy_pipeline`, `occupancy_sync` (`occupancy_conventional`): mean running sequences per
   decode step of the run's inference server, out of `max_running`; `occupancy_*_by_quarter` the
   same over each quarter of its decode steps. Sampled every second from the server's
@@ -173,10 +175,16 @@ def length_figures(lengths: Sequence[int]) -> dict[str, float]:
     }
 
 
-def round_spread(lengths: Sequence[int], round_size: int) -> float:
-    """Median over consecutive rounds of `round_size` completions of each round's p99/median."""
+def quarters(values: Sequence[int]) -> list[Sequence[int]]:
+    """`values` cut into four consecutive quarters."""
+    return [values[len(values) * q // 4 : len(values) * (q + 1) // 4] for q in range(4)]
+
+
+def round_spread(lengths: Sequence[int], round_size: int) -> float | None:
+    """Median over consecutive rounds of `round_size` completions of each round's p99/median (None:
+    not one whole round)."""
     rounds = [lengths[i : i + round_size] for i in range(0, len(lengths) - round_size + 1, round_size)]
-    return round(statistics.median(length_figures(r)["p99_over_p50"] for r in rounds), 2)
+    return round(statistics.median(length_figures(r)["p99_over_p50"] for r in rounds), 2) if rounds else None
 
 
 def journal_attempts(run_dir: Path) -> list[tuple[int, float | None]]:
@@ -308,13 +316,19 @@ def long_tail_figures(out: Path, args: argparse.Namespace, conventional: bool) -
     attempts = {name: journal_attempts(out / name) for name in runs}
     lengths = {name: [n for n, _ in rows] for name, rows in attempts.items()}
     pipeline, sync = length_figures(lengths["pipeline"]), length_figures(lengths["sync"])
+    round_size = RunSettings.model_fields["samples_per_step"].default
     figures: dict[str, object] = {f"length_{key}": value for key, value in pipeline.items()}
     figures |= {
         "sync_length_mean": sync["mean"],
         "sync_length_p99_over_p50": sync["p99_over_p50"],
-        "sync_round_length_p99_over_p50": round_spread(
-            lengths["sync"], RunSettings.model_fields["samples_per_step"].default
-        ),
+        "sync_round_length_p99_over_p50": round_spread(lengths["sync"], round_size),
+        # a policy learns the lengths as it goes: the tail shows in the later quarters
+        "length_p99_over_p50_by_quarter": [
+            length_figures(q)["p99_over_p50"] for q in quarters(lengths["pipeline"])
+        ],
+        "sync_round_length_p99_over_p50_by_quarter": [
+            round_spread(q, round_size) for q in quarters(lengths["sync"])
+        ],
         "max_running": EngineSettings.model_fields["max_running"].default,
     }
     for name in runs:

@@ -17,6 +17,7 @@ from benchmarks.pipeline_vs_sync import (
     journal_attempts,
     length_figures,
     occupancy_figures,
+    quarters,
     read_counters,
     read_occupancy,
     round_spread,
@@ -38,6 +39,11 @@ def test_length_figures_are_nearest_rank_percentiles() -> None:
 def test_round_spread_is_the_median_of_each_rounds_ratio() -> None:
     rounds = [[1, 1, 1, 8], [2, 2, 2, 2], [1, 1, 4, 4], [5]]  # the last, incomplete, is left out
     assert round_spread([n for r in rounds for n in r], round_size=4) == 4.0  # ratios 8, 1, 4
+    assert round_spread([1, 2, 3], round_size=4) is None
+
+
+def test_quarters_cut_the_run_in_order() -> None:
+    assert quarters(list(range(10))) == [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
 
 
 def test_lengths_and_rewards_come_from_the_journal(tmp_path: Path) -> None:
