@@ -22,9 +22,9 @@ character of the final answer, so filler costs credit, and a completion earns fu
 exactly the answer's length. The count is written out in unary rather than in decimal because a
 tiny model learns to match the length of a run it can attend to sooner than to read a number
 (measured with the `digits` verifier: reward 0.04 → 0.07 in 7k samples with a decimal count
-`7x12=`, 0.04 → 0.4 in 10k with the unary prompt). The tiny preset learns it slowly: about 0.35
-after 9 minutes on two busy cores (docs/benchmarks.md). A run
-on it needs `max_new_tokens` of at least size + 1; `max_new_tokens()` below gives it and
+`7x12=`, 0.04 → 0.4 in 10k with the unary prompt). From random weights the tiny preset first
+reaches a mean reward of 0.7 after about 5 minutes on two cores (docs/benchmarks.md). A run on it
+needs `max_new_tokens` of at least size + 1; `max_new_tokens()` below gives it and
 `pipelinerl run` uses it by default.
 """
 
