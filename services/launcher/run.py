@@ -90,9 +90,11 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "samples_per_step": settings.samples_per_step, "checkpoint_dir": str(run_dir / "checkpoints"),
         "metrics_file": str(run_dir / "trainer_metrics.jsonl"), "tracking": {"dir": str(run_dir)},
         "learner": {"lr": settings.lr, "temperature": max(settings.temperature, 1e-6),
-                    "loss": {"entropy_coef": settings.entropy_coef, "entropy_floor": settings.entropy_floor},
+                    "loss": {"entropy_coef": settings.entropy_coef},
                     "advantages": {"skip_zero_variance": False}},
     }  # fmt: skip
+    if settings.entropy_floor is not None:  # unset, the trainer's own default (none) stands
+        trainer["learner"]["loss"]["entropy_floor"] = settings.entropy_floor
     if settings.trainer_ranks > 1:
         trainer["backend"] = "deepspeed"
     inference = {

@@ -93,6 +93,9 @@ def test_a_section_overrides_only_the_fields_it_gives(tmp_path: Path) -> None:
     # level are the launcher's
     assert configs["reward"] == {"workers": 3, "metrics_port": 0, "log_level": "info"}
     assert "port" not in configs["inference"]
+    # the entropy bonus's floor is written only when the run sets one
+    floored = _service_settings(RunSettings(run_dir=tmp_path, entropy_floor=0.5), tmp_path, threads=1)
+    assert floored["trainer"]["learner"]["loss"]["entropy_floor"] == 0.5
 
 
 def test_what_settings_point_to_is_checked_before_a_run_starts(tmp_path: Path) -> None:
