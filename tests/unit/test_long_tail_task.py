@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from benchmarks.pipeline_vs_sync import round_spread
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.datasets import open_problems
 from pipelinerl.coordinator.tasks import max_new_tokens, parse_builtin
@@ -40,8 +41,10 @@ def test_the_answer_repeats_the_digit_count_times_and_its_length_is_heavy_tailed
     median, p99 = lengths[len(lengths) // 2], lengths[int(0.99 * len(lengths))]
     assert lengths[0] == 2 and lengths[-1] == 129
     assert p99 / median >= 8 and statistics.fmean(lengths) >= 16
-    # and within a round of the default run, 16 prompts of 8 attempts each
-    assert statistics.median(_p99_over_median(drawn[i : i + 16]) for i in range(0, 16_000, 16)) >= 8
+    # and within a round of the default run, 16 prompts of 8 attempts each, as the benchmark measures it
+    rounds = [len(p.answer) + 1 for p in drawn[:16_000] for _ in range(8)]
+    spread = round_spread(rounds, round_size=128)
+    assert spread is not None and spread >= 8
     assert len({p.answer[0] for p in drawn[:200]}) == 10
     assert max(len(p.answer) for p in problems("builtin:repeat:32", seed=0, n=2000)) == 32
 
@@ -96,8 +99,3 @@ def test_the_other_tasks_keep_their_streams_and_limits() -> None:
     assert [p.prompt for p in problems("builtin:copy:2", seed=0, n=3)] == ["66=", "04=", "87="]
     with pytest.raises(InvalidArgument, match="1 to 32"):
         parse_builtin("builtin:copy:33")
-
-
-def _p99_over_median(problems: list, attempts: int = 8) -> float:
-    lengths = sorted(len(p.answer) + 1 for p in problems for _ in range(attempts))
-    return lengths[int(0.99 * len(lengths))] / lengths[len(lengths) // 2]
