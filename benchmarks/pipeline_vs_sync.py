@@ -10,7 +10,7 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
                                           [--max-new-tokens N] [--conventional-steps 0]
 
 `--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 129 tokens, a round's
-p99 about 11 times its median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
+p99 about 14 times its median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
 K` (K > 1) adds a third run, the conventional variant the PipelineRL paper compares against: sync
 mode with rounds of K × samples-per-step, each generated with one version and then trained by K
 steps, so its later steps train on samples up to K - 1 versions old (same cores, seed and budget).
