@@ -140,11 +140,15 @@ def model() -> PreTrainedModel:
 
 
 @pytest.mark.parametrize("shared_prompts", [True, False], ids=["shared", "one-pass"])
-def test_completion_logits_equal_each_sample_run_alone(model: PreTrainedModel, shared_prompts: bool) -> None:
+@pytest.mark.parametrize("longest", [5, 1], ids=["mixed-lengths", "one-token"])
+def test_completion_logits_equal_each_sample_run_alone(
+    model: PreTrainedModel, shared_prompts: bool, longest: int
+) -> None:
     # Two groups of prompts of different lengths, completions of different lengths, so the rows hold
-    # prompt padding before their completion and completion padding after it.
+    # prompt padding before their completion and completion padding after it; or one-token
+    # completions only, where the prompts' pass is all the learner runs.
     prompts = [[1, 5, 6, 7, 8], [1, 9]]
-    samples = [_sample(f"s{i}", 0, 1 + (3 * i) % 5, seed=i) for i in range(6)]
+    samples = [_sample(f"s{i}", 0, 1 + (3 * i) % longest, seed=i) for i in range(6)]
     samples = [replace(s, prompt_token_ids=prompts[i % 2]) for i, s in enumerate(samples)]
     batch = collate(samples, {s.sample_id: 0.0 for s in samples}, PAD)
 
