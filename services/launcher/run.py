@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import sys
@@ -103,6 +104,10 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
         "threads": threads,
         "engine": settings.engine,
         "device": settings.device,
+        # Each server's window holds its share of the attempts in flight, so a sync round runs as one
+        # batch and the pipeline reaches its `max_in_flight`; on CPU a forward's fixed cost dominates
+        # a small batch (copy task, 64 → 256 rows: 0.37 → 0.20 ms of engine time per sample).
+        "max_running": math.ceil(_in_flight(settings) / settings.inference_servers),
     }
     # Every service's: its log level, metrics on a free port (0), and what it requires of its callers.
     shared: dict[str, Any] = {"log_level": settings.log_level}
@@ -232,13 +237,16 @@ def _spec(settings: RunSettings) -> RunSpec:
         max_samples=settings.max_samples,
         sampling=sampling,
         mode=Mode(settings.mode),
-        max_in_flight=(
-            settings.samples_per_step * settings.round_steps
-            if settings.mode == "sync"
-            else settings.max_in_flight
-        ),
+        max_in_flight=_in_flight(settings),
         seed=settings.seed,
     )
+
+
+def _in_flight(settings: RunSettings) -> int:
+    """Attempts the coordinator keeps moving: a whole round in sync mode."""
+    if settings.mode == "sync":
+        return settings.samples_per_step * settings.round_steps
+    return settings.max_in_flight
 
 
 async def _drive(

@@ -98,6 +98,19 @@ def test_a_section_overrides_only_the_fields_it_gives(tmp_path: Path) -> None:
     assert floored["trainer"]["learner"]["loss"]["entropy_floor"] == 0.5
 
 
+def test_each_server_window_holds_its_share_of_the_attempts_in_flight(tmp_path: Path) -> None:
+    def window(**fields: Any) -> int:
+        return _service_settings(RunSettings(run_dir=tmp_path, **fields), tmp_path, threads=1)["inference"][
+            "max_running"
+        ]
+
+    assert window(max_in_flight=256) == 256
+    assert window(max_in_flight=256, inference_servers=3) == 86  # rounded up: 3 × 86 >= 256
+    assert window(mode="sync", samples_per_step=128, round_steps=4) == 512  # a round is one batch
+    overridden = RunSettings(run_dir=tmp_path, inference={"max_running": 32})
+    assert _service_settings(overridden, tmp_path, threads=1)["inference"]["max_running"] == 32
+
+
 def test_what_settings_point_to_is_checked_before_a_run_starts(tmp_path: Path) -> None:
     def violations(**values: Any) -> list[FieldViolation]:
         with pytest.raises(InvalidArgument) as refused:
