@@ -87,7 +87,11 @@ class Service:
         raise RuntimeError("no VmRSS line")
 
     def channel(self) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(self.address, options=channel_options(64 * 1024 * 1024))
+        """A channel on a connection of its own, as another client's would be: by default gRPC
+        shares one connection among channels with the same target and options, so a flood's
+        GOAWAY (grpc's guard against streams reset in bulk) would end the harness's calls too."""
+        options = [*channel_options(64 * 1024 * 1024), ("grpc.use_local_subchannel_pool", 1)]
+        return grpc.aio.insecure_channel(self.address, options=options)
 
     async def start(self, timeout_s: float = 180) -> None:
         self.port = free_port()
