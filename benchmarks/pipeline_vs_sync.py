@@ -35,7 +35,8 @@ journal and its inference server's counters:
   `length_p99_over_p50_by_quarter` and `sync_round_length_p99_over_p50_by_quarter` the same over
   each quarter of the run's attempts (a policy learns the lengths as it goes).
 - `occupancy_pipeline`, `occupancy_sync` (`occupancy_conventional`): mean running sequences per
-  decode step of the run's inference server, out of `max_running`; `occupancy_*_by_quarter` the
+  decode step of the run's inference server, out of `max_running_<mode>` (the launcher's window
+  for the run: its attempts in flight, a whole round in sync mode); `occupancy_*_by_quarter` the
   same over each quarter of its decode steps. Sampled every second from the server's
   `pipelinerl_inference_decode_steps_total` and `pipelinerl_inference_decoded_rows_total`
   counters (the series is in `<run>/occupancy.jsonl`), so the mean is exact per decode step.
@@ -66,6 +67,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
+
+import yaml
 
 from pipelinerl.common.log import configure_logging, get_logger
 from pipelinerl.inference.config import EngineSettings
@@ -329,9 +332,11 @@ def long_tail_figures(out: Path, args: argparse.Namespace, conventional: bool) -
         "sync_round_length_p99_over_p50_by_quarter": [
             round_spread(q, round_size) for q in quarters(lengths["sync"])
         ],
-        "max_running": EngineSettings.model_fields["max_running"].default,
     }
     for name in runs:
+        # the window the launcher gave the run's server: its share of the attempts in flight
+        config = yaml.safe_load((out / name / "inference-0.yaml").read_text())
+        figures[f"max_running_{name}"] = config.get("max_running", EngineSettings().max_running)
         occupancy = occupancy_figures(read_occupancy(out / name))
         figures[f"occupancy_{name}"] = occupancy["mean"]
         figures[f"occupancy_{name}_by_quarter"] = occupancy["by_quarter"]

@@ -52,7 +52,8 @@ class RunSettings(LayeredSettings):
     """Samples per optimizer step (one new weight version each); in sync mode also the round size."""
     max_in_flight: int = Field(default=256, ge=2)
     """Attempts dispatched and not yet acknowledged by the trainer (pipeline mode); at least
-    `samples_per_step`, or no step is ever full."""
+    `samples_per_step`, or no step is ever full. Each inference server's window (`max_running`)
+    is its share of these, unless its section sets one."""
     round_steps: int = Field(default=1, ge=1)
     """Sync mode: optimizer steps per generation round. 1 is the synchronous baseline (a round of
     `samples_per_step`, trained by one step on the version that generated it). Above 1 it is the
