@@ -57,7 +57,10 @@ async def run_to_end(client: CoordinatorClient, trainer: TrainerClient, run_id: 
 
 
 async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> None:
-    settings = RunSettings(run_dir=tmp_path / "run", max_samples=BUDGET)
+    # 1.5 steps in flight: while a step trains, at most 64 more samples can reach the trainer, so it
+    # holds a partial batch for the kill to land on (with two steps in flight and generation faster
+    # than training, it may hold a full batch at every poll).
+    settings = RunSettings(run_dir=tmp_path / "run", max_samples=BUDGET, max_in_flight=192)
     run_dir = settings.run_dir
     processes: list[ServiceProcess] = []
     try:
