@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,6 @@ async def test_reward_rises_with_inflight_updates_and_nothing_lost(tmp_path: Pat
     result = await launch(settings)
 
     points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
-    first = next(p for p in points if p["trained"] > 0)
-    assert first["reward"] < 0.15, first
     late = sum(p["reward"] for p in points[-5:]) / 5
     assert late >= 0.35, (late, result)
     assert result.state == "completed" and result.trained == 20480
@@ -37,7 +36,12 @@ async def test_reward_rises_with_inflight_updates_and_nothing_lost(tmp_path: Pat
     journal = sqlite3.connect(tmp_path / "run" / "journal.sqlite")
     states = journal.execute("SELECT state, disposition, COUNT(*) FROM attempts GROUP BY 1, 2").fetchall()
     assert states == [("acked", "trained", 20480)]  # every attempt trained exactly once, none lost
-    versions = [set(json.loads(c)["versions"]) for (c,) in journal.execute("SELECT completion FROM attempts")]
+    rows = journal.execute("SELECT completion, reward FROM attempts").fetchall()
+    versions = [set(json.loads(c)["versions"]) for c, _ in rows]
+    # The random initial weights score near nothing: the attempts they generated alone (the first
+    # progress report may already show a dozen steps of learning).
+    initial = [reward for (_, reward), v in zip(rows, versions, strict=True) if v == {0}]
+    assert len(initial) >= 128 and statistics.fmean(initial) < 0.15, (len(initial), statistics.fmean(initial))
     spanning = sum(len(v) > 1 for v in versions)
     assert spanning >= 2, "no sample was generated across an in-flight weight update"
     assert max(max(v) for v in versions) >= 50  # many versions reached the inference server
