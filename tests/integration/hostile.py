@@ -88,8 +88,8 @@ class Service:
 
     def channel(self) -> grpc.aio.Channel:
         """A channel on a connection of its own, as another client's would be: by default gRPC
-        shares one connection among channels with the same target and options, so a flood's
-        GOAWAY (grpc's guard against streams reset in bulk) would end the harness's calls too."""
+        shares one connection among channels with the same target and options, so whatever ends a
+        flooded connection (a GOAWAY, streams reset in bulk) would end the harness's calls too."""
         options = [*channel_options(64 * 1024 * 1024), ("grpc.use_local_subchannel_pool", 1)]
         return grpc.aio.insecure_channel(self.address, options=options)
 
