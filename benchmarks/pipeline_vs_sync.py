@@ -8,12 +8,15 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
     python benchmarks/pipeline_vs_sync.py [--samples 40960] [--target 0.6] [--lr 3e-4]
                                           [--dataset builtin:copy:2] [--model tiny]
                                           [--max-new-tokens N] [--conventional-steps 0]
+                                          [--max-in-flight 256]
 
 `--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 129 tokens, a round's
 p99 about 14 times its median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
 K` (K > 1) adds a third run, the conventional variant the PipelineRL paper compares against: sync
 mode with rounds of K × samples-per-step, each generated with one version and then trained by K
 steps, so its later steps train on samples up to K - 1 versions old (same cores, seed and budget).
+`--max-in-flight` sets the pipeline run's window (`pipelinerl run`'s default, two steps, unless
+given): fewer attempts in flight make its samples younger and leave its trainer waiting longer.
 
 Each invocation starts both runs fresh in a folder of its own (`--out`, by default a new
 timestamped folder under runs/pipeline_vs_sync/): a folder that already holds a run is refused,
@@ -22,11 +25,12 @@ complete its budget from scratch is an error (exit 1), never a line of figures.
 
 Ends with one JSON line: pipeline_samples_per_s, sync_samples_per_s, throughput_ratio,
 pipeline_time_to_reward_s, sync_time_to_reward_s, time_to_reward_ratio, final_reward_pipeline,
-final_reward_sync, mean_lag, ess; plus the target, sustained_time_to_reward_ratio (crossings of the
-mean over the last 4,096 samples), final_reward_*_last_8192 (mean over the last 8,192 samples),
-throughput_ceiling (sync wall time × cores / the pipeline's CPU seconds: the most overlap can gain
-on this machine), per-phase trainer timings and CPU seconds per service; and, from each run's
-journal and its inference server's counters:
+final_reward_sync, mean_lag, ess; plus the target, the pipeline's max_in_flight,
+sustained_time_to_reward_ratio (crossings of the mean over the last 4,096 samples),
+final_reward_*_last_8192 (mean over the last 8,192 samples), throughput_ceiling (sync wall time ×
+cores / the pipeline's CPU seconds: the most overlap can gain on this machine), per-phase trainer
+timings and CPU seconds per service; and, from each run's journal and its inference server's
+counters:
 
 - `length_p50`, `length_p90`, `length_p99`, `length_max`, `length_mean`, `length_p99_over_p50`:
   completion lengths in tokens (end-of-sequence included) of every attempt the pipeline run
@@ -125,14 +129,17 @@ def cpu_seconds(run_dir: Path) -> dict[str, float]:
     return json.loads((run_dir / "cpu_seconds.json").read_text())
 
 
-def run(
-    name: Literal["pipeline", "sync", "conventional"], args: argparse.Namespace
-) -> tuple[RunResult, dict[str, float]]:
-    run_dir = Path(args.out) / name
-    settings = RunSettings(
-        mode="pipeline" if name == "pipeline" else "sync",
+RunName = Literal["pipeline", "sync", "conventional"]
+
+
+def run_settings(name: RunName, args: argparse.Namespace) -> RunSettings:
+    """The settings of one run: the same for every run but the mode, the conventional variant's
+    round and the pipeline's `max_in_flight`."""
+    pipeline = name == "pipeline"
+    return RunSettings(
+        mode="pipeline" if pipeline else "sync",
         round_steps=args.conventional_steps if name == "conventional" else 1,
-        run_dir=run_dir,
+        run_dir=Path(args.out) / name,
         dataset=args.dataset,
         model=args.model,
         max_new_tokens=args.max_new_tokens,
@@ -141,7 +148,14 @@ def run(
         max_samples=args.samples,
         duration_s=args.max_seconds,
         target_reward=None,
+        # sync mode has no window of its own: a round is what it generates at once
+        **({"max_in_flight": args.max_in_flight} if pipeline else {}),
     )
+
+
+def run(name: RunName, args: argparse.Namespace) -> tuple[RunResult, dict[str, float]]:
+    settings = run_settings(name, args)
+    run_dir = settings.run_dir
     log.info("running", run=name, samples=args.samples)
     sampler = OccupancySampler(run_dir)
     sampler.start()
@@ -376,6 +390,12 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=RunSettings.model_fields["lr"].default)
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=RunSettings.model_fields["max_in_flight"].default,
+        help="the pipeline run's attempts in flight (how far generation runs ahead of training)",
+    )
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
     parser.add_argument("--out", default=None, help="a new folder (default: runs/pipeline_vs_sync/<time>)")
     args = parser.parse_args()
@@ -414,6 +434,7 @@ def main() -> int:
         "sync_ess": round(sync_trainer["ess"], 3),
         "samples": args.samples,
         "lr": args.lr,
+        "max_in_flight": args.max_in_flight,
         "dataset": args.dataset,
         "model": args.model,
         "max_new_tokens": RunSettings(

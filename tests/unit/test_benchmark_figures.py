@@ -4,6 +4,7 @@ plot of the runs' rewards."""
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import json
 import threading
@@ -21,10 +22,12 @@ from benchmarks.pipeline_vs_sync import (
     read_counters,
     read_occupancy,
     round_spread,
+    run_settings,
     token_lag,
 )
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.report import MetricsLog, Point, plot_runs, read_points
 
 
@@ -157,3 +160,21 @@ def test_the_runs_rewards_are_read_back_and_drawn_side_by_side(tmp_path: Path) -
         assert runs[name] == log.points
     path = plot_runs(runs, tmp_path / "reward.png", "builtin:repeat")
     assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 10_000
+
+
+def test_the_runs_differ_only_in_their_mode_round_and_the_pipelines_window(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        out=str(tmp_path), dataset="builtin:repeat", model="tiny", max_new_tokens=None, seed=3, lr=1e-4,
+        samples=4096, max_seconds=60.0, conventional_steps=4, max_in_flight=192,
+    )  # fmt: skip
+    runs = {name: run_settings(name, args) for name in ("pipeline", "sync", "conventional")}
+    assert runs["pipeline"].mode == "pipeline" and runs["pipeline"].max_in_flight == 192
+    assert runs["sync"].mode == runs["conventional"].mode == "sync"
+    assert (runs["sync"].round_steps, runs["conventional"].round_steps) == (1, 4)
+    default = RunSettings.model_fields["max_in_flight"].default  # sync mode has no use for it
+    assert runs["sync"].max_in_flight == runs["conventional"].max_in_flight == default != 192
+    shared = ["dataset", "model", "seed", "lr", "max_samples", "samples_per_step", "group_size"]
+    for name, settings in runs.items():
+        assert settings.run_dir == tmp_path / name
+        assert [getattr(settings, f) for f in shared] == [getattr(runs["pipeline"], f) for f in shared]
+    assert (runs["pipeline"].seed, runs["pipeline"].lr, runs["pipeline"].max_samples) == (3, 1e-4, 4096)
