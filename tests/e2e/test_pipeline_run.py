@@ -41,7 +41,8 @@ async def test_reward_rises_with_inflight_updates_and_nothing_lost(tmp_path: Pat
     # The random initial weights score near nothing: the attempts they generated alone (the first
     # progress report may already show a dozen steps of learning).
     initial = [reward for (_, reward), v in zip(rows, versions, strict=True) if v == {0}]
-    assert len(initial) >= 128 and statistics.fmean(initial) < 0.15, (len(initial), statistics.fmean(initial))
+    assert len(initial) >= 128, len(initial)
+    assert statistics.fmean(initial) < 0.15, statistics.fmean(initial)
     spanning = sum(len(v) > 1 for v in versions)
     assert spanning >= 2, "no sample was generated across an in-flight weight update"
     assert max(max(v) for v in versions) >= 50  # many versions reached the inference server
