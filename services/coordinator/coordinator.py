@@ -9,6 +9,7 @@ StartRun leaves nothing behind and its id stays free.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -27,9 +28,8 @@ from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
 
 log = get_logger(__name__)
 
-WATCH_EVERY_S = 1.0
+WATCH_EVERY_S = 1.0  # between two progress updates of a watch while the state stays the same
 LIMITS_TIMEOUT_S = 10.0  # for the inference servers to connect and advertise their limits
-_FINAL = (RunState.STOPPED, RunState.COMPLETED, RunState.FAILED)
 
 
 def spec_to_json(spec: RunSpec) -> dict[str, object]:
@@ -58,6 +58,14 @@ class _Run:
     state: RunState = RunState.RUNNING
     error: str = ""
     task: asyncio.Task[None] | None = None
+    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set, then replaced by a fresh one, at each change of `state`: a watcher that took it
+    before reading the state wakes on any later change, however many watchers share it."""
+
+    def set_state(self, state: RunState, error: str = "") -> None:
+        self.state, self.error = state, error
+        self.changed.set()
+        self.changed = asyncio.Event()
 
 
 class Coordinator:
@@ -111,7 +119,7 @@ class Coordinator:
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
         self._runs[run_id] = run
         if completed:  # journaled as done before a restart: report it, start nothing
-            run.state = RunState.COMPLETED
+            run.set_state(RunState.COMPLETED)
             return self._info(run)
         run.task = asyncio.create_task(self._drive(run))
         log.info("run started", run_id=run_id, dataset=spec.dataset, mode=spec.mode.value)
@@ -141,9 +149,9 @@ class Coordinator:
 
     async def stop_run(self, run_id: str) -> RunInfo:
         run = self._run(run_id)
-        if run.state in _FINAL:
+        if run.state.final:
             return self._info(run)
-        run.state = RunState.STOPPING
+        run.set_state(RunState.STOPPING)
         await run.loop.stop()
         if run.task is not None:
             await asyncio.shield(run.task)
@@ -152,10 +160,15 @@ class Coordinator:
     async def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
         run = self._run(run_id)
         while True:
-            yield self._info(run)
-            if run.state in _FINAL:
+            changed = run.changed
+            info = self._info(run)
+            yield info
+            # Ended or not as sent, not as it is now: the run may have ended while the watcher
+            # read, and its final state must still go out as the last message.
+            if info.state.final:
                 return
-            await asyncio.sleep(WATCH_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), WATCH_EVERY_S)
 
     def _run(self, run_id: str) -> _Run:
         run = self._runs.get(run_id)
@@ -174,10 +187,10 @@ class Coordinator:
         bind_context(run=run.run_id)
         try:
             await run.loop.run()
-            run.state = RunState.STOPPED if run.state is RunState.STOPPING else RunState.COMPLETED
+            run.set_state(RunState.STOPPED if run.state is RunState.STOPPING else RunState.COMPLETED)
         except Exception as exc:
             log.exception("run failed", run_id=run.run_id)
-            run.state, run.error = RunState.FAILED, str(exc)
+            run.set_state(RunState.FAILED, str(exc))
         self._journal.set_run_state(run.run_id, run.state.value, run.error)
         log.info(
             "run ended", run_id=run.run_id, state=run.state.value, **dataclasses.asdict(run.loop.progress())

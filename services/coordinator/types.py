@@ -26,6 +26,11 @@ class RunState(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
 
+    @property
+    def final(self) -> bool:
+        """The run has ended: no other state follows."""
+        return self in (RunState.STOPPED, RunState.COMPLETED, RunState.FAILED)
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -94,5 +99,6 @@ class CoordinatorCore(Protocol):
     async def stop_run(self, run_id: str) -> RunInfo: ...
 
     def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
-        """The run about once a second until it ends."""
+        """The run at once, at each change of its state and about once a second between; the
+        last message is the run's final state, however slowly the watcher reads."""
         ...
