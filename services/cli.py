@@ -95,14 +95,18 @@ def run(ctx: typer.Context) -> None:
 
     Settings are flags (`pipelinerl run --help`), `PIPELINERL_RUN_*` variables, or `--config FILE`.
     A wrong setting prints `error: <setting>: <reason>` and exits 2 before anything starts;
-    `--debug` shows the traceback instead. A run that fails exits 1.
+    `--debug` shows the traceback instead. A run that fails exits 1, as does one whose service kept
+    dying (the error names it and ends with its log). Ctrl-C, SIGTERM or SIGHUP stop every service
+    and exit 128 + the signal's number, unless the run had finished.
     """
     import asyncio
 
     from pipelinerl.common.log import configure_logging
     from pipelinerl.launcher.checks import load_settings, user_error
     from pipelinerl.launcher.display import RunDisplay
+    from pipelinerl.launcher.interrupt import Interrupted, until_signalled
     from pipelinerl.launcher.run import launch
+    from pipelinerl.launcher.supervisor import ServiceFailed
 
     args = list(ctx.args)
     debug = "--debug" in args
@@ -110,7 +114,16 @@ def run(ctx: typer.Context) -> None:
         settings = load_settings([arg for arg in args if arg != "--debug"])
         configure_logging("launcher", "console", "warning")
         with RunDisplay(settings) as display:
-            result = asyncio.run(launch(settings, display.update))
+            running = launch(settings, display.update, on_restart=display.restarted)
+            result = asyncio.run(until_signalled(running))
+    except Interrupted as exc:
+        typer.echo(f"{exc}; every service it started is stopped", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except ServiceFailed as exc:
+        if debug:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     except Exception as exc:
         lines = None if debug else user_error(exc)
         if lines is None:
@@ -123,6 +136,9 @@ def run(ctx: typer.Context) -> None:
         f"(exactly correct {result.final_correct:.3f}) after {result.elapsed_s:.0f} s, "
         f"{result.trained} samples trained ({result.samples_per_s:.1f}/s)"
     )
+    if result.restarts:
+        restarts = ", ".join(f"{name} {n}" for name, n in sorted(result.restarts.items()))
+        typer.echo(f"restarts: {restarts} (why: {settings.run_dir}/launcher.log)")
     typer.echo(f"plot: {result.plot_path}\nmetrics: {result.metrics_path}\nlogs: {settings.run_dir}/*.log")
     if result.state == "failed":  # the coordinator's log says why
         raise typer.Exit(1)

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, FilePath, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FilePath, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import LayeredSettings, ServiceSettings
@@ -22,6 +22,34 @@ from pipelinerl.coordinator.tasks import max_new_tokens
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
 from pipelinerl.trainer.config import TrainerSettings
+
+
+class RestartPolicy(BaseModel):
+    """How `pipelinerl run` supervises the services it started: a service that exits, answers no
+    health check for `unhealthy_after_s`, or answers NOT_SERVING for `not_serving_after_s`, is killed
+    (by its handle) and started again on the ports it had, after a delay that doubles with each
+    recent restart. More than `max_restarts`
+    restarts of one service within `window_s` fail the run, naming the service and its last log lines."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts: int = Field(default=5, ge=0)
+    """Restarts of one service allowed within `window_s`; 0 fails the run at the first death."""
+    window_s: float = Field(default=600.0, gt=0)
+    """The window `max_restarts` counts over (seconds)."""
+    backoff_initial_s: float = Field(default=0.5, ge=0)
+    """Delay before the first restart of a service within `window_s`; doubled for each further one."""
+    backoff_max_s: float = Field(default=30.0, ge=0)
+    """Longest delay before a restart."""
+    health_every_s: float = Field(default=1.0, gt=0)
+    """How often each service is checked: has it exited, does it answer its health check?"""
+    unhealthy_after_s: float = Field(default=15.0, gt=0)
+    """A service that has answered no health check for this long (frozen, deadlocked) is restarted."""
+    not_serving_after_s: float = Field(default=60.0, gt=0)
+    """A service that has answered NOT_SERVING for this long is restarted: a trainer or an engine
+    that failed for good says so. Longer than `unhealthy_after_s`, since a service also says it
+    while one it depends on is down (the coordinator without a reward replica), which its own
+    restart would not mend."""
 
 
 class RunSettings(LayeredSettings):
@@ -118,6 +146,8 @@ class RunSettings(LayeredSettings):
     """`host:port` of a coordinator already running with its services (docker compose, a cluster):
     start the run there and follow it, starting no process. The service sections and the placement
     settings below then do not apply; the services' own settings do."""
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    """Supervision of the services: when one is restarted, and when the run gives up on it."""
     # An empty section (no field set) until the user gives one; see `overrides`.
     reward: RewardSettings = Field(default_factory=RewardSettings.model_construct)
     """Settings of the reward service, over the launcher's (defaults shown are the service's)."""

@@ -23,6 +23,7 @@ class RunDisplay:
             disable=not console.is_terminal,  # drawn only once, at the end, it would say nothing new
         )
         self._task = self._progress.add_task(settings.mode, total=total, status="starting services")
+        self._restarts: dict[str, int] = {}
 
     def __enter__(self) -> RunDisplay:
         self._progress.start()
@@ -41,5 +42,11 @@ class RunDisplay:
             f"zero-var {p.zero_variance_fraction:.2f}  entropy {p.entropy:.2f}  "
             f"trained {p.trained}  {p.samples_per_s:.0f}/s  v{p.trainer_version} [{versions}]"
         )
+        if self._restarts:
+            status += "  restarts " + ",".join(f"{name}:{n}" for name, n in sorted(self._restarts.items()))
         done = p.trained if self._by_samples else elapsed_s
         self._progress.update(self._task, completed=done, status=status)
+
+    def restarted(self, service: str, restarts: int) -> None:
+        """A service was restarted (its `restarts`-th time); shown from the next update on."""
+        self._restarts[service] = restarts

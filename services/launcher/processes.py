@@ -1,6 +1,7 @@
 """The service processes of a local run: started with their own config file, each binding a port of
 its own choosing (port 0, reported in its ready file, so that runs started at once never race for
-one), pinned to cores where that helps, awaited until healthy, stopped by their own handle."""
+one), pinned to cores where that helps, awaited until healthy, started again on the same ports
+(`restart`), stopped by their own handle."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ from pipelinerl.common.log import get_logger
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class Command:
+    """How a service was started, so that it can be started again the same way."""
+
+    module: str
+    config_path: Path
+    cores: set[int] | None
+    python: str
+    ranks: int
+
+
 @dataclass
 class ServiceProcess:
     name: str
@@ -30,6 +42,7 @@ class ServiceProcess:
     log_path: Path
     ready_file: Path
     """Where the service writes the ports it bound, once it serves."""
+    command: Command
     port: int = 0
     """The gRPC port, known once `wait_healthy` has returned."""
     metrics_port: int | None = None
@@ -76,8 +89,32 @@ class ServiceProcess:
                 self.metrics_port = int(line.rsplit(":", 1)[1])
 
     def _failed(self, why: str) -> NoReturn:
-        tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
-        raise RuntimeError(f"{self.name} {why}; its log ends:\n{tail}")
+        raise RuntimeError(f"{self.name} {why}; its log ends:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the service's log (every start of it appends to the same file)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - chars, 0))
+            return f.read().decode(errors="replace")
+
+    def exit_reason(self) -> str | None:
+        """`exited with status N` or `killed by SIGNAME`, None while it runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+
+    def restart(self) -> ServiceProcess:
+        """The same service started again from its config file, on the ports it bound (its clients
+        know it by that address, and Prometheus by its metrics port). Call once this one is gone."""
+        config = yaml.safe_load(self.command.config_path.read_text())
+        config["port"] = self.port
+        if self.metrics_port is not None:
+            config["metrics_port"] = self.metrics_port
+        c = self.command
+        return start_service(self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks)
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the process has used so far (Linux /proc), 0 once it is gone."""
@@ -136,17 +173,31 @@ def start_service(
             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
     log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any")
-    return ServiceProcess(name, process, log_path, ready_file)
+    command = Command(module, config_path, cores, python, ranks)
+    return ServiceProcess(name, process, log_path, ready_file, command)
 
 
 async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:
     """Stop in reverse start order (the coordinator first, so nothing new is dispatched); returns
-    the CPU seconds each service used, read just before it was stopped."""
+    the CPU seconds each service used, read just before it was stopped. It runs to its end even when
+    its caller is cancelled meanwhile (a signal during teardown), so that no service outlives it."""
     cpu = {service.name: round(service.cpu_seconds(), 2) for service in processes}
-    for service in reversed(processes):
-        code = await asyncio.to_thread(service.stop)
-        log.info("stopped", service=service.name, exit_code=code)
+    stopping = asyncio.ensure_future(asyncio.to_thread(_stop_in_turn, processes))
+    while not stopping.done():
+        try:
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # this teardown is what the cancellation asked for
+    stopping.result()
     return cpu
+
+
+def _stop_in_turn(processes: list[ServiceProcess]) -> None:
+    for service in reversed(processes):
+        code = service.stop()
+        log.info("stopped", service=service.name, exit_code=code)
 
 
 def write_targets(path: Path, processes: list[ServiceProcess]) -> None:

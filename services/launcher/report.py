@@ -5,8 +5,8 @@ and over trained samples); and the plot of several runs' rewards side by side (`
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ class Point:
     server_versions: tuple[int, ...]
     zero_variance: float
     entropy: float
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Restarts of each service so far (services never restarted are left out)."""
 
     @classmethod
-    def of(cls, run: RunInfo, elapsed_s: float) -> Point:
+    def of(cls, run: RunInfo, elapsed_s: float, restarts: Mapping[str, int] | None = None) -> Point:
         p = run.progress
         return cls(
             elapsed_s=round(elapsed_s, 3),
@@ -40,6 +42,7 @@ class Point:
             server_versions=tuple(s.version for s in p.servers),
             zero_variance=p.zero_variance_fraction,
             entropy=p.entropy,
+            restarts=dict(restarts or {}),
         )
 
 

@@ -21,13 +21,14 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelinerl.common.channel import ChannelConfig
-from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
@@ -36,10 +37,12 @@ from pipelinerl.launcher.checks import check_run
 from pipelinerl.launcher.config import RunSettings, overrides
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all, write_targets
 from pipelinerl.launcher.report import MetricsLog, Point, plot
+from pipelinerl.launcher.supervisor import Supervisor
 
 log = get_logger(__name__)
 
 HEALTH_TIMEOUT_S = 180.0
+RESUME_EVERY_S = 0.5
 
 
 class RunRefused(InvalidArgument):
@@ -59,6 +62,8 @@ class RunResult:
     state: str
     metrics_path: Path
     plot_path: Path
+    restarts: dict[str, int]
+    """Restarts of each service the supervisor restarted."""
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +141,12 @@ async def launch(
     settings: RunSettings,
     on_progress: Callable[[RunInfo, float], None] | None = None,
     processes: list[ServiceProcess] | None = None,
+    on_restart: Callable[[str, int], None] | None = None,
 ) -> RunResult:
-    """Run to the end. `processes`, if given, receives the handles of the services as they start.
-    With `settings.coordinator_address`, drive a run on services that are already up instead.
+    """Run to the end. `processes`, if given, receives the handles of the services as they start
+    (a restarted service's new handle replaces its old one). `on_restart(service, restarts)` is told
+    of each restart. With `settings.coordinator_address`, drive a run on services that are already
+    up instead. A service that keeps dying fails the run with ServiceFailed.
 
     InvalidArgument (a `RunRefused` when the coordinator refuses the run) names the wrong setting;
     a run that never started leaves no run directory behind, unless the directory was there before."""
@@ -148,7 +156,8 @@ async def launch(
     try:
         if settings.coordinator_address is not None:
             return await _drive(settings, settings.coordinator_address, on_progress)
-        return await _start_and_drive(settings, on_progress, [] if processes is None else processes)
+        processes = [] if processes is None else processes
+        return await _start_and_drive(settings, on_progress, processes, on_restart)
     except RunRefused:
         if fresh:
             shutil.rmtree(settings.run_dir)
@@ -159,10 +168,26 @@ async def _start_and_drive(
     settings: RunSettings,
     on_progress: Callable[[RunInfo, float], None] | None,
     processes: list[ServiceProcess],
+    on_restart: Callable[[str, int], None] | None,
 ) -> RunResult:
+    """The services started, supervised while the run goes on, and stopped, whatever happens."""
     try:
         coordinator = await start_services(settings, processes)
-        return await _drive(settings, coordinator.address, on_progress)
+        policy, ca = settings.restart, settings.client_ca_file
+        supervisor = Supervisor(processes, policy, settings.run_dir, HEALTH_TIMEOUT_S, ca, on_restart)
+        driving = asyncio.ensure_future(
+            _drive(settings, coordinator.address, on_progress, supervisor.restarts)
+        )
+        watching = asyncio.ensure_future(supervisor.watch())
+        try:
+            await asyncio.wait([driving, watching], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watching, driving):  # no restart once the run is over or failing
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if driving.cancelled():  # the supervisor gave up on a service
+            watching.result()  # raises its ServiceFailed
+        return driving.result()
     finally:
         cpu = await stop_all(processes)
         (settings.run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
@@ -250,30 +275,31 @@ def _in_flight(settings: RunSettings) -> int:
 
 
 async def _drive(
-    settings: RunSettings, address: str, on_progress: Callable[[RunInfo, float], None] | None
+    settings: RunSettings,
+    address: str,
+    on_progress: Callable[[RunInfo, float], None] | None,
+    restarts: Counter[str] | None = None,
 ) -> RunResult:
+    """Start the run and follow it to its end. A coordinator that goes away (crashed, frozen, or
+    being restarted by the supervisor) is asked again until it answers: StartRun of the same run
+    resumes it from the journal, and the watch goes on."""
     metrics = MetricsLog(settings.run_dir / "metrics.jsonl")
     channel = ChannelConfig(address, auth_token=settings.auth_token, tls_ca_file=settings.client_ca_file)
+    restarts = Counter() if restarts is None else restarts
     async with CoordinatorClient(channel) as client:
         try:
             run = await client.start_run(_spec(settings), run_id=settings.run_id)
         except InvalidArgument as exc:
             raise RunRefused(exc.message, exc.violations) from exc
         started = time.monotonic()
-        async for run in client.watch_run(settings.run_id):
-            elapsed = time.monotonic() - started
-            metrics.add(Point.of(run, elapsed))
-            if on_progress is not None:
-                on_progress(run, elapsed)
-            over = elapsed >= settings.duration_s
-            reached = (
-                settings.target_reward is not None and run.progress.reward_mean >= settings.target_reward
-            )
-            if run.state is RunState.RUNNING and (over or (reached and run.progress.trained > 0)):
-                run = await client.stop_run(settings.run_id, timeout_s=120)
-                break
+        while not run.state.final:
+            try:
+                run = await _follow(settings, client, started, metrics, on_progress, restarts)
+            except (Unavailable, DeadlineExceeded) as exc:
+                log.warning("coordinator unreachable; resuming the run when it answers", error=str(exc))
+                run = await _resume(settings, client)
         elapsed = time.monotonic() - started
-    last = metrics.points[-1] if metrics.points else Point.of(run, elapsed)
+    last = metrics.points[-1] if metrics.points else Point.of(run, elapsed, restarts)
     title = f"{settings.dataset} — {settings.mode} mode, {settings.model}"
     plot_path = plot(metrics.points, settings.run_dir / "plot.png", title)
     target = settings.target_reward if settings.target_reward is not None else 0.8
@@ -289,4 +315,40 @@ async def _drive(
         state=run.state.value,
         metrics_path=metrics.path,
         plot_path=plot_path,
+        restarts=dict(restarts),
     )
+
+
+async def _follow(
+    settings: RunSettings,
+    client: CoordinatorClient,
+    started: float,
+    metrics: MetricsLog,
+    on_progress: Callable[[RunInfo, float], None] | None,
+    restarts: Counter[str],
+) -> RunInfo:
+    """The run's last state on its watch stream, stopping it once its budget or target is reached."""
+    async for run in client.watch_run(settings.run_id):
+        elapsed = time.monotonic() - started
+        metrics.add(Point.of(run, elapsed, restarts))
+        if on_progress is not None:
+            on_progress(run, elapsed)
+        over = elapsed >= settings.duration_s
+        reached = settings.target_reward is not None and run.progress.reward_mean >= settings.target_reward
+        if run.state is RunState.RUNNING and (over or (reached and run.progress.trained > 0)):
+            return await client.stop_run(settings.run_id, timeout_s=120)
+    # A stream that ends without the run's end (a coordinator going away between two messages).
+    return await client.get_run(settings.run_id, timeout_s=30)
+
+
+async def _resume(settings: RunSettings, client: CoordinatorClient) -> RunInfo:
+    """StartRun of the run again until the coordinator answers; its journal resumes the run (or
+    reports it ended). Without a supervisor behind it, this waits for as long as the run's budget."""
+    deadline = time.monotonic() + settings.duration_s
+    while True:
+        try:
+            return await client.start_run(_spec(settings), run_id=settings.run_id, timeout_s=10)
+        except (Unavailable, DeadlineExceeded):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(RESUME_EVERY_S)

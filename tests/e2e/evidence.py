@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 from pipelinerl.trainer.checkpoint import CheckpointDir, read_trainer_state
@@ -22,10 +23,12 @@ def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]
     return {sample_id: (state, disposition, version) for sample_id, state, disposition, version in rows}
 
 
-def assert_trained_exactly_once(run_dir: Path, budget: int, lost: range = range(0)) -> Counter[str]:
+def assert_trained_exactly_once(
+    run_dir: Path, budget: int, lost: Collection[int] | None = None
+) -> Counter[str]:
     """Checks the run in `run_dir` and returns its attempts per final disposition. `lost`: the
-    versions a trainer crash lost (published after its last checkpoint, never part of the final
-    weights' history).
+    versions trainer crashes lost (published after the last checkpoint, never part of the final
+    weights' history); unset, those the final checkpoint records (`lost_versions`).
 
     Versions never repeat, so each trained id's version names the one step that trained it. Each
     step of the final weights' history must consist of exactly the ids journaled at its version:
@@ -41,8 +44,10 @@ def assert_trained_exactly_once(run_dir: Path, budget: int, lost: range = range(
 
     checkpoint = CheckpointDir(run_dir / "checkpoints").latest()
     assert checkpoint is not None, "the trainer left no checkpoint"
-    in_weights = read_trainer_state(checkpoint).extra_state["trained"]
-    assert in_weights == trained, "the checkpoint's trained ids differ from the journal's"
+    state = read_trainer_state(checkpoint).extra_state
+    assert state["trained"] == trained, "the checkpoint's trained ids differ from the journal's"
+    if lost is None:
+        lost = {v for start, end in state.get("lost_versions", []) for v in range(start, end)}
 
     steps = [json.loads(line) for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
     history = {s["version"]: s["samples"] for s in steps if s["stepped"] and s["version"] not in lost}

@@ -3,19 +3,17 @@ generated again elsewhere (or on it once it is back), and every attempt is train
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sqlite3
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
-from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all
-from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, launch
+from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.run import launch
 from tests.e2e.evidence import assert_trained_exactly_once
 
 pytestmark = pytest.mark.slow
@@ -66,40 +64,26 @@ async def test_killed_inference_server_loses_no_sample(tmp_path: Path) -> None:
 
 async def test_inference_server_drained_and_restarted_again_and_again_fails_nothing(tmp_path: Path) -> None:
     """SIGTERM (a graceful drain) ends the server's Generate stream while the coordinator writes
-    to it; each time, the run goes on and the server takes prompts again once it is back."""
+    to it; each time the launcher starts it again, the run goes on and the server takes prompts
+    again once it is back."""
     run_dir = tmp_path / "run"
     settings = RunSettings(run_dir=run_dir, max_samples=DRAIN_BUDGET, inference_servers=2, duration_s=300)
     processes: list[ServiceProcess] = []
-    cycles: list[asyncio.Task[None]] = []  # one per drain, each started while the victim is busy
-
-    async def drain_and_restart(victim: ServiceProcess) -> None:
-        victim.process.send_signal(signal.SIGTERM)  # by handle
-        await asyncio.to_thread(victim.process.wait)
-        if len(cycles) == DRAINS:
-            return  # the last drain: the run ends without it
-        config = yaml.safe_load((run_dir / f"{victim.name}.yaml").read_text())
-        config["port"] = victim.port  # back on the port it bound
-        processes.append(start_service(victim.name, "pipelinerl.inference", config, run_dir))
-        await processes[-1].wait_healthy(HEALTH_TIMEOUT_S)
+    drained: list[int] = []  # the pid of each server drained, each while it was busy
+    restarts: list[str] = []
 
     def drain_when_busy(run: RunInfo, elapsed_s: float) -> None:
-        if cycles and not cycles[-1].done():
-            return
-        victim = [p for p in processes if p.name == "inference-1"][-1]
-        if not any(s.address == victim.address and s.in_flight > 0 for s in run.progress.servers):
-            return
-        if len(cycles) < DRAINS:
-            cycles.append(asyncio.create_task(drain_and_restart(victim)))
+        victim = next(p for p in processes if p.name == "inference-1")
+        if len(drained) == DRAINS or victim.process.pid in drained or victim.process.poll() is not None:
+            return  # drained already; the supervisor has not brought it back yet
+        if any(s.address == victim.address and s.in_flight > 0 for s in run.progress.servers):
+            victim.process.send_signal(signal.SIGTERM)  # by handle
+            drained.append(victim.process.pid)
 
-    try:
-        result = await launch(settings, drain_when_busy, processes)
-    finally:
-        for task in cycles:
-            task.cancel()
-        await asyncio.gather(*cycles, return_exceptions=True)
-        await stop_all(processes)  # a server restarted after the launcher had stopped the others
+    result = await launch(settings, drain_when_busy, processes, lambda service, _: restarts.append(service))
 
     assert result.state == "completed", result
     # Each restarted server was given prompts again, and was drained busy with them.
-    assert len(cycles) == DRAINS, f"{len(cycles)} drains: the restarted server got no prompts"
+    assert len(drained) == DRAINS, f"{len(drained)} drains: the restarted server got no prompts"
+    assert restarts[: DRAINS - 1] == ["inference-1"] * (DRAINS - 1), restarts
     assert_nothing_failed(run_dir, settings.run_id, DRAIN_BUDGET)

@@ -1,5 +1,6 @@
-"""A service SIGKILLed mid-run and started again costs the run nothing: it completes its budget, and
-every attempt is trained exactly once into the final weights (see evidence.py).
+"""A service SIGKILLed mid-run and started again by the launcher's supervisor costs the run nothing:
+it completes its budget, and every attempt is trained exactly once into the final weights (see
+evidence.py).
 
 The trainer is the hard case: it dies several steps after its last checkpoint, so the steps since
 are lost with it while the inference servers hold their newer weights and the journal holds their
@@ -13,12 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
-from pipelinerl.launcher.processes import ServiceProcess, start_service
-from pipelinerl.launcher.run import HEALTH_TIMEOUT_S, launch
+from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.run import launch
 from pipelinerl.trainer.client import TrainerClient
 from tests.e2e.evidence import assert_trained_exactly_once
 
@@ -29,14 +29,6 @@ CHECKPOINT_EVERY = 4
 WATCH_S = 0.02
 """How often the trainer's version is read for its kill: steps take about 0.15 s, and the progress
 reports (one a second) can miss the two steps after a checkpoint."""
-MODULES = {"trainer": "trainer", "reward": "reward", "inference-1": "inference"}
-
-
-async def restart(victim: ServiceProcess, run_dir: Path, processes: list[ServiceProcess]) -> None:
-    config = yaml.safe_load((run_dir / f"{victim.name}.yaml").read_text())
-    config["port"] = victim.port  # the port it bound: the coordinator knows it by that address
-    processes.append(start_service(victim.name, f"pipelinerl.{MODULES[victim.name]}", config, run_dir))
-    await processes[-1].wait_healthy(HEALTH_TIMEOUT_S)
 
 
 def resumed_at(run_dir: Path) -> tuple[int, int]:
@@ -54,8 +46,8 @@ def fake_crash_mid_checkpoint(checkpoints: Path) -> None:
 
 
 async def run_with_a_kill(tmp_path: Path, name: str, when: str, budget: int = BUDGET) -> tuple[Path, int]:
-    """Run to the budget, SIGKILLing `name` once `when` holds and starting it again. Returns the
-    run folder and the trainer version at the kill."""
+    """Run to the budget, SIGKILLing `name` once `when` holds; the launcher starts it again. Returns
+    the run folder and the trainer version at the kill."""
     # max_lag above the run's steps: a restarted trainer trains its resent backlog (the steps it
     # lost and the samples in flight) in under a second, sooner than the inference servers, whose
     # weight stream died with the old trainer, are back on it (gRPC's retries, then the receiver's
@@ -67,20 +59,16 @@ async def run_with_a_kill(tmp_path: Path, name: str, when: str, budget: int = BU
     )  # fmt: skip
     processes: list[ServiceProcess] = []
     killed: list[int] = []
-    restarted: list[asyncio.Task[None]] = []
-
-    async def restart_victim(victim: ServiceProcess) -> None:
-        if name == "trainer":
-            fake_crash_mid_checkpoint(settings.run_dir / "checkpoints")
-        await restart(victim, settings.run_dir, processes)
+    restarts: list[str] = []
 
     def kill(version: int) -> None:
         if not killed:
             victim = next(p for p in processes if p.name == name)
             victim.process.kill()  # SIGKILL, by handle: no drain, nothing flushed
             victim.process.wait()
+            if name == "trainer":  # before the supervisor's next look at it
+                fake_crash_mid_checkpoint(settings.run_dir / "checkpoints")
             killed.append(version)
-            restarted.append(asyncio.create_task(restart_victim(victim)))
 
     def kill_midway(run: RunInfo, elapsed_s: float) -> None:
         if run.progress.trained >= budget // 8:
@@ -100,14 +88,14 @@ async def run_with_a_kill(tmp_path: Path, name: str, when: str, budget: int = BU
 
     watcher = asyncio.create_task(kill_after_lost_steps()) if when == "lost steps" else None
     try:
-        result = await launch(settings, kill_midway if when == "midway" else None, processes)
+        on_progress = kill_midway if when == "midway" else None
+        result = await launch(settings, on_progress, processes, lambda service, _: restarts.append(service))
     finally:
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
     assert killed, "the run ended before the kill"
-    assert all(task.done() for task in restarted), "the run ended before the restart was serving"
-    await asyncio.gather(*restarted)
+    assert restarts == [name] and result.restarts == {name: 1}, (restarts, result.restarts)
     assert result.state == "completed", result
     return settings.run_dir, killed[0]
 

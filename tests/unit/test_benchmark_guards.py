@@ -20,7 +20,7 @@ def result(state: str = "completed", elapsed_s: float = 60.0, trained: int = 256
     return RunResult(
         mode="pipeline", elapsed_s=elapsed_s, trained=trained, samples_per_s=trained / max(elapsed_s, 1e-9),
         final_reward=0.5, final_correct=0.4, mean_lag=1.0, time_to_target_s=None, state=state,
-        metrics_path=Path("metrics.jsonl"), plot_path=Path("plot.png"),
+        metrics_path=Path("metrics.jsonl"), plot_path=Path("plot.png"), restarts={},
     )  # fmt: skip
 
 
