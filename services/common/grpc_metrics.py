@@ -40,7 +40,8 @@ def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> str
 
 
 class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts and times every call; the outermost interceptor, so it sees every code returned."""
+    """Counts and times every call; outside all interceptors but `UnaryRequestInterceptor`, so it
+    sees every code returned except that of a unary call that never got its request message."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._started = Counter("pipelinerl_grpc_server_started", "Calls started.", LABELS, registry=registry)

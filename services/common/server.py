@@ -2,8 +2,8 @@
 domain-error mapping and a graceful SIGTERM.
 
     settings ──► GrpcServer(settings, [Registration(...)]) ──► start() ── binds host:port
-                     │ interceptors: call metrics → trace ids → bearer token (health exempt)
-                     │               → domain error → gRPC status
+                     │ interceptors: one request per unary call → call metrics → trace ids
+                     │               → bearer token (health exempt) → domain error → gRPC status
                      │ grpc.health.v1 (SERVING per service) + reflection
                      │ /metrics on metrics_port, if set (the server's `registry`)
     SIGTERM ──► drain(): health NOT_SERVING → on_drain hooks → server.stop(grace=drain_seconds)
@@ -36,6 +36,7 @@ from pipelinerl.common.metrics import MetricsEndpoint
 from pipelinerl.common.settings import ServiceSettings, split_config_flag
 from pipelinerl.common.status import rpc_status
 from pipelinerl.common.trace import TraceContextInterceptor
+from pipelinerl.common.unary_request import UnaryRequestInterceptor
 
 log = get_logger(__name__)
 
@@ -203,6 +204,7 @@ class GrpcServer:
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         interceptors: list[grpc.aio.ServerInterceptor] = [
+            UnaryRequestInterceptor(),
             GrpcMetricsInterceptor(self.registry),
             TraceContextInterceptor(),
         ]

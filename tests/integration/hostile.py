@@ -1,6 +1,6 @@
 """Shared by the bad-input suites (`test_bad_input_<service>.py`): a real service as a subprocess
-with a bearer token, raw calls whose status code is the result, the server's RSS, and an HTTP/2
-stream that is cut off in the middle of a gRPC message.
+with a bearer token, raw calls whose status code is the result, the server's RSS, and HTTP/2
+streams that end in the middle of a gRPC message (cancelled, dropped, or ended by the client).
 
     async with harness("pipelinerl.reward", tmp_path, memory_limit_gib=4, serves=scores_a_valid_item) as h:
         stub = reward_pb2_grpc.RewardServiceStub(h.channel)
@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import resource
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ TRUNCATED = b"\x0a\x05ab"
 # Field 1 as a string of bytes that are not UTF-8.
 BAD_UTF8 = b"\x0a\x02\xff\xfe"
 CALL_TIMEOUT_S = 20.0
+CUT_ANSWER_S = 5.0
 OK = grpc.StatusCode.OK
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -54,6 +57,7 @@ NOT_FOUND = grpc.StatusCode.NOT_FOUND
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
 UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
+STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def code_value(code: grpc.StatusCode) -> int:
@@ -195,6 +199,15 @@ async def raw_stream(
     return call_code if (call_code := await call.code()) is not None else OK
 
 
+async def code_of_cut_call(port: int, path: str) -> grpc.StatusCode:
+    """The status a server answered a request cut short by the end of its stream with, within
+    `CUT_ANSWER_S` (a server that never answers would hold the call until the client gives up)."""
+    end = await asyncio.to_thread(message_cut_by_end_of_stream, port, path, CUT_ANSWER_S)
+    assert end is not None, f"{path}: not answered in {CUT_ANSWER_S} s"
+    assert end.grpc_status is not None, f"{path}: reset with HTTP/2 error {end.reset_code}"
+    return STATUS_CODES[end.grpc_status]
+
+
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
 
@@ -208,23 +221,73 @@ def _literal(name: str, value: str) -> bytes:
     return out
 
 
-def half_sent_message(port: int, path: str, rst_stream: bool) -> None:
-    """Open an HTTP/2 gRPC stream on `path`, send 10 bytes of a message whose prefix announces 100,
-    then cancel the stream (RST_STREAM) or drop the connection: a client gone mid-message."""
+def _open_stream(sock: socket.socket, port: int, path: str, end_stream: bool) -> None:
+    """The connection preface, then stream 1 on `path` with 10 bytes of a message whose prefix
+    announces 100, ending the stream with them if `end_stream`."""
     headers = [
         (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
         ("content-type", "application/grpc"), ("te", "trailers"), ("authorization", f"Bearer {TOKEN}"),
     ]  # fmt: skip
     block = b"".join(_literal(n, v) for n, v in headers)
     data = b"\x00" + (100).to_bytes(4, "big") + b"\x0a\x08partial!"
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(0x4, 0, 0, b""))
+    sock.sendall(_frame(0x1, 0x4, 1, block) + _frame(0x0, 0x1 if end_stream else 0, 1, data))
+
+
+def half_sent_message(port: int, path: str, rst_stream: bool) -> None:
+    """Open an HTTP/2 gRPC stream on `path`, send 10 bytes of a message whose prefix announces 100,
+    then cancel the stream (RST_STREAM) or drop the connection: a client gone mid-message."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(0x4, 0, 0, b""))
-        sock.sendall(_frame(0x1, 0x4, 1, block) + _frame(0x0, 0, 1, data))
+        _open_stream(sock, port, path, end_stream=False)
         if rst_stream:
             sock.sendall(_frame(0x3, 0, 1, (0x8).to_bytes(4, "big")))  # CANCEL
         sock.settimeout(0.5)
         with contextlib.suppress(OSError):
             sock.recv(65536)  # the server's SETTINGS; then hang up
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """How a server ended a raw HTTP/2 stream: trailers with `grpc_status`, or RST_STREAM with
+    `reset_code`."""
+
+    grpc_status: int | None
+    reset_code: int | None
+
+
+def message_cut_by_end_of_stream(port: int, path: str, timeout_s: float) -> StreamEnd | None:
+    """Open an HTTP/2 gRPC stream on `path` and end it (END_STREAM) on 10 bytes of a message whose
+    prefix announces 100: a request cut short by its own end, with the client still connected and
+    waiting. How the server ended the stream, or None if it had not after `timeout_s`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        _open_stream(sock, port, path, end_stream=True)
+        started = time.monotonic()
+        buffer = b""
+        while (left := timeout_s - (time.monotonic() - started)) > 0:
+            sock.settimeout(left)
+            try:
+                received = sock.recv(65536)
+            except TimeoutError:
+                return None
+            if not received:
+                return None
+            buffer += received
+            while len(buffer) >= 9 and len(buffer) >= 9 + (size := int.from_bytes(buffer[:3], "big")):
+                kind, flags, stream = buffer[3], buffer[4], int.from_bytes(buffer[5:9], "big")
+                payload, buffer = buffer[9 : 9 + size], buffer[9 + size :]
+                if stream == 1 and kind == 0x3:
+                    return StreamEnd(None, int.from_bytes(payload, "big"))
+                if stream == 1 and kind == 0x1 and flags & 0x1:
+                    return StreamEnd(_grpc_status(payload), None)
+    return None
+
+
+def _grpc_status(block: bytes) -> int:
+    """grpc-status from a trailer block; gRPC's encoder sends it on a fresh connection as a literal
+    with a plain (not Huffman-coded) value."""
+    found = re.search(rb"grpc-status([\x01\x02])", block)
+    assert found is not None, f"no plain grpc-status in {block.hex()}"
+    return int(block[found.end() : found.end() + found[1][0]])
 
 
 Check = Callable[[grpc.aio.Channel], Awaitable[None]]

@@ -42,6 +42,7 @@ from tests.integration.hostile import (
     Harness,
     abandon_calls,
     code_of,
+    code_of_cut_call,
     half_sent_message,
     harness,
     raw_stream,
@@ -303,6 +304,11 @@ async def test_deadline_ends_a_watch(coordinator: Harness) -> None:
 async def test_stream_cut_mid_message(coordinator: Harness, method: str, rst_stream: bool) -> None:
     half_sent_message(coordinator.service.port, SERVICE + method, rst_stream)
     await coordinator.still_serving()
+
+
+@pytest.mark.parametrize("method", ["StartRun", "GetRun", "StopRun", "WatchRun", "RegisterInferenceServer"])
+async def test_request_cut_by_end_of_stream_is_invalid(coordinator: Harness, method: str) -> None:
+    await coordinator.expect(code_of_cut_call(coordinator.service.port, SERVICE + method), INVALID)
 
 
 async def test_thousands_of_abandoned_watch_streams_leave_rss_bounded(coordinator: Harness) -> None:

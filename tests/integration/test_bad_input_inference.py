@@ -33,6 +33,7 @@ from tests.integration.hostile import (
     Harness,
     abandon_calls,
     code_of,
+    code_of_cut_call,
     half_sent_message,
     harness,
     raw_unary,
@@ -338,6 +339,17 @@ async def test_deadline_ends_an_idle_stream(inference: Harness) -> None:
 async def test_stream_cut_mid_message(inference: Harness, rst_stream: bool) -> None:
     half_sent_message(inference.service.port, SERVICE + "Generate", rst_stream)
     await inference.still_serving()
+
+
+@pytest.mark.parametrize("method", ["GetStatus"])
+async def test_request_cut_by_end_of_stream_is_invalid(inference: Harness, method: str) -> None:
+    await inference.expect(code_of_cut_call(inference.service.port, SERVICE + method), INVALID)
+
+
+async def test_stream_cut_by_its_end_ends_at_once(inference: Harness) -> None:
+    # gRPC's transport drops a message cut short by the end of its stream and reports just the end,
+    # so the call ends as a stream closed after its last whole message: OK, no error to give.
+    await inference.expect(code_of_cut_call(inference.service.port, SERVICE + "Generate"), OK)
 
 
 async def test_stream_cancelled_mid_generation_frees_its_rows(inference: Harness) -> None:

@@ -29,6 +29,7 @@ from tests.integration.hostile import (
     UNIMPLEMENTED,
     Harness,
     code_of,
+    code_of_cut_call,
     code_value,
     harness,
     raw_unary,
@@ -195,3 +196,8 @@ async def test_thousands_of_abandoned_calls_leave_rss_bounded(reward: Harness) -
         pb.GetStatusRequest(), metadata=AUTH, timeout=20
     )
     assert status.workers == 1
+
+
+@pytest.mark.parametrize("method", ["Score", "ListVerifiers", "GetStatus"])
+async def test_request_cut_by_end_of_stream_is_invalid(reward: Harness, method: str) -> None:
+    await reward.expect(code_of_cut_call(reward.service.port, SERVICE + method), INVALID)

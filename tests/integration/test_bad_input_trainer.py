@@ -33,6 +33,7 @@ from tests.integration.hostile import (
     UNDECODABLE,
     Harness,
     abandon_calls,
+    code_of_cut_call,
     code_value,
     half_sent_message,
     harness,
@@ -276,6 +277,17 @@ async def test_bad_token(trainer: Harness, method: str, auth: str) -> None:
 async def test_stream_cut_mid_message(trainer: Harness, method: str, rst_stream: bool) -> None:
     half_sent_message(trainer.service.port, SERVICE + method, rst_stream)
     await trainer.still_serving()
+
+
+@pytest.mark.parametrize("method", ["WatchWeights", "FetchWeights", "GetStatus", "ReleaseWeights"])
+async def test_request_cut_by_end_of_stream_is_invalid(trainer: Harness, method: str) -> None:
+    await trainer.expect(code_of_cut_call(trainer.service.port, SERVICE + method), INVALID)
+
+
+async def test_stream_cut_by_its_end_ends_at_once(trainer: Harness) -> None:
+    # gRPC's transport drops a message cut short by the end of its stream and reports just the end,
+    # so the call ends as a stream closed after its last whole message: OK, no error to give.
+    await trainer.expect(code_of_cut_call(trainer.service.port, SERVICE + "SubmitSamples"), OK)
 
 
 async def test_thousands_of_abandoned_streams_leave_rss_bounded(trainer: Harness) -> None:
