@@ -108,13 +108,17 @@ class ServiceProcess:
 
     def restart(self) -> ServiceProcess:
         """The same service started again from its config file, on the ports it bound (its clients
-        know it by that address, and Prometheus by its metrics port). Call once this one is gone."""
+        know it by that address, and Prometheus by its metrics port). Call once this one is gone.
+        The new handle knows those ports at once, so a restart that dies before it serves (and
+        so before `wait_healthy` reads its ready file) passes them on to the next."""
         config = yaml.safe_load(self.command.config_path.read_text())
         config["port"] = self.port
         if self.metrics_port is not None:
             config["metrics_port"] = self.metrics_port
         c = self.command
-        return start_service(self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks)
+        again = start_service(self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks)
+        again.port, again.metrics_port = self.port, self.metrics_port
+        return again
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the process has used so far (Linux /proc), 0 once it is gone."""
@@ -170,8 +174,14 @@ def start_service(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
+    if cores:
+        # Pinned from here, not by a `preexec_fn`: Python code between fork and exec crashes the
+        # child (SIGSEGV) about one time in five while gRPC's threads run in this process, as they
+        # do when the supervisor restarts a service. Popen returns once the child has exec'd, before
+        # its interpreter starts a thread of its own, so every thread it starts inherits the cores.
+        with contextlib.suppress(ProcessLookupError):  # it died already: its exit tells why
+            os.sched_setaffinity(process.pid, cores)
     log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any")
     command = Command(module, config_path, cores, python, ranks)
     return ServiceProcess(name, process, log_path, ready_file, command)
