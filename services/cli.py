@@ -21,6 +21,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 # Services with a real core to serve; each module has `main(argv)`.
 SERVICES = {
     "coordinator": "pipelinerl.coordinator.__main__",
+    "environment": "pipelinerl.environment.__main__",
     "inference": "pipelinerl.inference.__main__",
     "reward": "pipelinerl.reward.__main__",
     "trainer": "pipelinerl.trainer.__main__",

@@ -23,7 +23,9 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
     assert on_disk == listed
 
 
-@pytest.mark.parametrize("service", ["common", "inference", "trainer", "reward", "coordinator"])
+@pytest.mark.parametrize(
+    "service", ["common", "inference", "trainer", "reward", "coordinator", "environment"]
+)
 def test_importing_contracts_and_clients_does_not_import_torch(service: str) -> None:
     modules = [f"pipelinerl.{service}.v1.{service}_pb2", f"pipelinerl.{service}.v1.{service}_pb2_grpc"]
     if service != "common":
