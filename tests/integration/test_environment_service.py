@@ -22,7 +22,7 @@ from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import FailedPrecondition, NotFound, PipelineError, ResourceExhausted
 from pipelinerl.common.health import wait_until_serving
 from pipelinerl.environment.client import EnvironmentClient
-from pipelinerl.environment.types import Message, Role
+from pipelinerl.environment.types import Message, Role, ToolCall
 from tests.observability_docs import documented_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,11 +41,18 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp_path: Path, *flags: str, env: str = SCRIPTED) -> AsyncIterator[Served]:
-    """`python -m pipelinerl.environment --env ENV *flags`, SERVING; stopped by its handle."""
+async def serve(tmp_path: Path, *flags: str, env: str = SCRIPTED, cli: bool = False) -> AsyncIterator[Served]:
+    """`python -m pipelinerl.environment --env ENV *flags` (or `pipelinerl serve environment`),
+    SERVING; stopped by its handle."""
     ready = tmp_path / "ready"
+    ready.unlink(missing_ok=True)  # a server before this one's
     log_path = tmp_path / "environment.log"
-    command = [sys.executable, "-m", "pipelinerl.environment", "--env", env, "--port", "0"]
+    entry = (
+        [str(Path(sys.executable).parent / "pipelinerl"), "serve", "environment"]
+        if cli
+        else [sys.executable, "-m", "pipelinerl.environment"]
+    )
+    command = [*entry, "--env", env, "--port", "0"]
     command += ["--ready-file", str(ready), *flags]
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
@@ -189,3 +196,28 @@ async def test_a_class_that_cannot_be_loaded_fails_at_start(tmp_path: Path) -> N
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         assert out.returncode == 2 and reason in out.stderr, out.stderr
+
+
+async def test_the_built_ins_are_played_to_reward_1_by_a_scripted_player(tmp_path: Path) -> None:
+    async with serve(tmp_path, env="builtin:guess_number", cli=True) as served, served.client() as env:
+        assert (await env.describe()).name == "guess_number"
+        for seed in range(5):
+            opening = await env.start(f"g{seed}", seed=seed)
+            low, high = (int(n) for n in opening.messages[0].content.removeprefix("guess ").split(" to "))
+            for turn in range(1, opening.max_turns + 1):
+                guess = (low + high) // 2
+                result = await env.step(f"g{seed}", turn, say(str(guess)))
+                if result.ended:
+                    break
+                low, high = (guess + 1, high) if result.messages[0].content == "higher" else (low, guess - 1)
+            assert result.terminated and result.reward == 1.0
+            await env.end(f"g{seed}")
+    async with serve(tmp_path, env="builtin:calculator") as served, served.client() as env:
+        opening = await env.start("c", seed=11)
+        assert [t.name for t in opening.tools] == ["add"]
+        a, b = opening.messages[0].content.split("+")
+        call = ToolCall("call-1", "add", f'{{"a": {a}, "b": {b}}}')
+        [tool] = (await env.step("c", 1, Message.assistant("", [call]))).messages
+        assert (tool.role, tool.tool_call_id, tool.content) == (Role.TOOL, "call-1", str(int(a) + int(b)))
+        answered = await env.step("c", 2, say(tool.content))
+        assert answered.terminated and answered.reward == 1.0

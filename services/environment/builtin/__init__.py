@@ -1,0 +1,1 @@
+"""Environments that come with the service, addressed as `builtin:<name>` in the `env` setting."""

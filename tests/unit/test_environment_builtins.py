@@ -1,0 +1,101 @@
+"""The built-in environments through the episode table: a scripted player reaches reward 1, a bad
+player gets its mistakes answered in-band, and every text fits the tiny preset's characters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelinerl.environment.episodes import EpisodeTable
+from pipelinerl.environment.loader import load_environment
+from pipelinerl.environment.types import EpisodeOpening, Message, Role, StepResult, ToolCall
+
+
+def table(name: str, **env_args: object) -> EpisodeTable:
+    return EpisodeTable(load_environment(f"builtin:{name}", dict(env_args)), dict(env_args))
+
+
+def texts(opening: EpisodeOpening, results: list[StepResult]) -> list[str]:
+    return [m.content for m in opening.messages] + [m.content for r in results for m in r.messages]
+
+
+async def play_guess_number(episodes: EpisodeTable, episode_id: str, seed: int) -> list[StepResult]:
+    """Binary search from the higher/lower replies."""
+    opening = await episodes.start(episode_id, seed, "")
+    low, high = (int(n) for n in opening.messages[0].content.removeprefix("guess ").split(" to "))
+    results: list[StepResult] = []
+    for turn in range(1, opening.max_turns + 1):
+        guess = (low + high) // 2
+        results.append(await episodes.step(episode_id, turn, Message.assistant(str(guess))))
+        if results[-1].ended:
+            break
+        if results[-1].messages[0].content == "higher":
+            low = guess + 1
+        else:
+            high = guess - 1
+    return results
+
+
+async def test_guess_number_is_solved_by_binary_search_for_every_secret() -> None:
+    from pipelinerl.common.model import CHARACTERS
+
+    episodes = table("guess_number")
+    for seed in range(40):
+        results = await play_guess_number(episodes, f"g{seed}", seed)
+        assert results[-1].terminated and results[-1].reward == 1.0, seed
+        opening = await episodes.start(f"g{seed}", seed, "")
+        assert set("".join(texts(opening, results))) <= set(CHARACTERS)
+        await episodes.end(f"g{seed}")
+    assert len({(await episodes.start(f"s{s}", s, "")).messages[0].content for s in range(3)}) == 1
+
+
+async def test_guess_number_answers_mistakes_and_truncates_at_its_last_turn() -> None:
+    episodes = table("guess_number", low=1, high=3, turns=2)
+    opening = await episodes.start("e", 0, "2")
+    assert opening.messages[0].content == "guess 1 to 3" and opening.max_turns == 2
+    first = await episodes.step("e", 1, Message.assistant("no idea"))
+    assert first.messages[0].content == "a number" and not first.ended
+    last = await episodes.step("e", 2, Message.assistant("3"))
+    assert last.messages[0].content == "lower" and last.truncated and last.reward == 0.0
+    with pytest.raises(Exception, match="no number from 1 to 3"):
+        await episodes.start("f", 0, "7")
+
+
+def add(call_id: str, a: object, b: object, name: str = "add") -> ToolCall:
+    return ToolCall(call_id, name, json.dumps({"a": a, "b": b}))
+
+
+async def test_calculator_is_solved_with_its_tool() -> None:
+    from pipelinerl.common.model import CHARACTERS
+
+    episodes = table("calculator")
+    for seed in range(20):
+        episode_id = f"c{seed}"
+        opening = await episodes.start(episode_id, seed, "")
+        assert [t.name for t in opening.tools] == ["add"]
+        a, b = (int(n) for n in opening.messages[0].content.split("+"))
+        called = await episodes.step(episode_id, 1, Message.assistant("", [add("call1", a, b)]))
+        [result] = called.messages
+        assert (result.role, result.tool_call_id, result.content) == (Role.TOOL, "call1", str(a + b))
+        answered = await episodes.step(episode_id, 2, Message.assistant(result.content))
+        assert answered.terminated and answered.reward == 1.0
+        assert set("".join(texts(opening, [called, answered]))) <= set(CHARACTERS)
+
+
+async def test_calculator_answers_bad_calls_in_band_and_scores_a_wrong_answer_zero() -> None:
+    episodes = table("calculator", digits=2)
+    opening = await episodes.start("e", 5, "")
+    assert len(opening.messages[0].content) == 5
+    bad = [
+        add("c1", 1, 2, name="mul"),
+        ToolCall("c2", "add", "{not json"),
+        add("c3", "1", 2),
+        add("c4", True, 2),
+    ]
+    replies = await episodes.step("e", 1, Message.assistant("", bad))
+    assert [(m.tool_call_id, m.content) for m in replies.messages] == [
+        (c.id, "bad call") for c in bad
+    ] and not replies.ended
+    wrong = await episodes.step("e", 2, Message.assistant("0"))
+    assert wrong.terminated and wrong.reward == 0.0
