@@ -204,13 +204,16 @@ async def test_the_built_ins_are_played_to_reward_1_by_a_scripted_player(tmp_pat
         for seed in range(5):
             opening = await env.start(f"g{seed}", seed=seed)
             low, high = (int(n) for n in opening.messages[0].content.removeprefix("guess ").split(" to "))
+            rewards = []
             for turn in range(1, opening.max_turns + 1):
                 guess = (low + high) // 2
                 result = await env.step(f"g{seed}", turn, say(str(guess)))
+                rewards.append(result.reward)
                 if result.ended:
+                    assert result.terminated
                     break
                 low, high = (guess + 1, high) if result.messages[0].content == "higher" else (low, guess - 1)
-            assert result.terminated and result.reward == 1.0
+            assert sum(rewards) == 1.0
             await env.end(f"g{seed}")
     async with serve(tmp_path, env="builtin:calculator") as served, served.client() as env:
         opening = await env.start("c", seed=11)
