@@ -43,6 +43,8 @@ class FaultProxy:
         self._upstream = upstream
         self._known: tuple[str, int] | None = None
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As servers do: its closed connections' TIME_WAIT then keeps no one from binding the port.
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind(("127.0.0.1", 0))
         self._socket.listen(128)
         self.port: int = self._socket.getsockname()[1]

@@ -44,6 +44,10 @@ log = get_logger(__name__)
 HEALTH_TIMEOUT_S = 180.0
 RESUME_EVERY_S = 0.5
 
+Route = Callable[[str, Callable[[], str | None]], str]
+"""`route(name, real)`: the address the other services are given for the service `name` (a proxy in
+front of it, say); `real()` is the service's own address, None until it serves."""
+
 
 class RunRefused(InvalidArgument):
     """The coordinator refused to start the run (its spec names the wrong field): it never ran."""
@@ -142,11 +146,13 @@ async def launch(
     on_progress: Callable[[RunInfo, float], None] | None = None,
     processes: list[ServiceProcess] | None = None,
     on_restart: Callable[[str, int], None] | None = None,
+    route: Route | None = None,
 ) -> RunResult:
     """Run to the end. `processes`, if given, receives the handles of the services as they start
     (a restarted service's new handle replaces its old one). `on_restart(service, restarts)` is told
-    of each restart. With `settings.coordinator_address`, drive a run on services that are already
-    up instead. A service that keeps dying fails the run with ServiceFailed.
+    of each restart; `route` is `start_services`'. With `settings.coordinator_address`, drive a run
+    on services that are already up instead. A service that keeps dying fails the run with
+    ServiceFailed.
 
     InvalidArgument (a `RunRefused` when the coordinator refuses the run) names the wrong setting;
     a run that never started leaves no run directory behind, unless the directory was there before."""
@@ -157,7 +163,7 @@ async def launch(
         if settings.coordinator_address is not None:
             return await _drive(settings, settings.coordinator_address, on_progress)
         processes = [] if processes is None else processes
-        return await _start_and_drive(settings, on_progress, processes, on_restart)
+        return await _start_and_drive(settings, on_progress, processes, on_restart, route)
     except RunRefused:
         if fresh:
             shutil.rmtree(settings.run_dir)
@@ -169,10 +175,11 @@ async def _start_and_drive(
     on_progress: Callable[[RunInfo, float], None] | None,
     processes: list[ServiceProcess],
     on_restart: Callable[[str, int], None] | None,
+    route: Route | None,
 ) -> RunResult:
     """The services started, supervised while the run goes on, and stopped, whatever happens."""
     try:
-        coordinator = await start_services(settings, processes)
+        coordinator = await start_services(settings, processes, route)
         policy, ca = settings.restart, settings.client_ca_file
         supervisor = Supervisor(processes, policy, settings.run_dir, HEALTH_TIMEOUT_S, ca, on_restart)
         driving = asyncio.ensure_future(
@@ -193,12 +200,15 @@ async def _start_and_drive(
         (settings.run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
 
 
-async def start_services(settings: RunSettings, processes: list[ServiceProcess]) -> ServiceProcess:
+async def start_services(
+    settings: RunSettings, processes: list[ServiceProcess], route: Route | None = None
+) -> ServiceProcess:
     """Start the reward replicas, the trainer, the coordinator and the inference servers in
     `settings.run_dir`, each once the ones it needs are healthy; the inference servers join the
     coordinator's pool by registering (as in a cluster). Returns the coordinator. `processes`
     receives every handle as it starts, the coordinator last, so that it stops first (the caller
-    stops them, also when this fails half-way)."""
+    stops them, also when this fails half-way). With `route`, each service is given the others'
+    addresses as it returns them; the launcher's own calls and health checks use the real ones."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     threads, inference_cores, trainer_cores = _placement(settings)
@@ -222,14 +232,15 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in processes))
     addresses = {
         "inference_addresses": [],
-        "reward_address": [r.address for r in rewards],
-        "trainer_address": trainer.address,
+        "reward_address": [_given(route, r.name, processes) for r in rewards],
+        "trainer_address": _given(route, "trainer", processes),
     }
     coordinator = start_service(
         "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
     )
     processes.append(coordinator)
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
+    coordinator_address = _given(route, "coordinator", processes)
     inference = [
         start_service(
             f"inference-{i}",
@@ -237,9 +248,10 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
             merge(
                 configs["inference"],
                 {
-                    "trainer_address": trainer.address,
+                    "trainer_address": addresses["trainer_address"],
                     "receiver_id": f"inference-{i}",
-                    "coordinator_address": coordinator.address,
+                    "coordinator_address": coordinator_address,
+                    **_advertised(route, f"inference-{i}", processes),
                 },
             ),
             run_dir,
@@ -252,6 +264,26 @@ async def start_services(settings: RunSettings, processes: list[ServiceProcess])
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     write_targets(run_dir / "prometheus_targets.json", processes)
     return coordinator
+
+
+def _given(route: Route | None, name: str, processes: list[ServiceProcess]) -> str:
+    """The address the other services are given for `name`, whose handle is in `processes` (always
+    by the time the route asks: it is put there as the service starts)."""
+
+    def real() -> str | None:  # the current handle's: a restarted service binds the same port
+        return next((p.address for p in processes if p.name == name and p.port), None)
+
+    if route is None:
+        address = real()
+        assert address is not None, f"{name} is not serving yet"
+        return address
+    return route(name, real)
+
+
+def _advertised(route: Route | None, name: str, processes: list[ServiceProcess]) -> dict[str, str]:
+    """The inference server's `advertise_address`, given before it binds its port (the route's
+    `real()` answers once it serves); without a route, none: it advertises the port it binds."""
+    return {} if route is None else {"advertise_address": _given(route, name, processes)}
 
 
 def _spec(settings: RunSettings) -> RunSpec:
