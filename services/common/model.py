@@ -39,7 +39,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from pipelinerl.common.presets import PRESETS, not_a_model
+from pipelinerl.common.presets import CHAT_TEMPLATE, PRESETS, not_a_model
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -60,7 +60,8 @@ class LoadedModel:
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per digit, letter, punctuation mark, space or newline.
 
-    Encoding prepends `<bos>`; characters outside the vocabulary become `<unk>`.
+    Encoding prepends `<bos>`; characters outside the vocabulary become `<unk>`. Its chat template
+    is `pipelinerl.common.presets.CHAT_TEMPLATE`, in the same characters.
     """
     vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
@@ -70,9 +71,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])]
     )
-    return PreTrainedTokenizerFast(
+    built = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
     )
+    built.chat_template = CHAT_TEMPLATE
+    return built
 
 
 def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig | Qwen2Config:

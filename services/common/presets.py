@@ -35,6 +35,46 @@ PRESETS: dict[str, PresetShape] = {
 vocabulary: Qwen2-0.5B's and Qwen2-1.5B's layers without their 151k-token embedding."""
 
 
+CHAT_TEMPLATE = (
+    "{{- bos_token }}\n"
+    "{%- for tool in tools or [] %}\n"
+    "    {%- set tool = tool.function if tool.function is defined else tool %}\n"
+    "    {%- set parameters = tool.parameters.properties if tool.parameters is defined"
+    " and tool.parameters.properties is defined else {} %}\n"
+    "    {{- 'F:' + tool.name + '(' + parameters | join(',') + ') ' + (tool.description or '') + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message.role == 'assistant' %}\n"
+    "        {{- 'A:' + (message.content or '') }}\n"
+    "        {%- for call in message.tool_calls or [] %}\n"
+    "            {%- set call = call.function if call.function is defined else call %}\n"
+    "            {%- set arguments = call.arguments if call.arguments is string"
+    " else call.arguments | tojson(separators=(',', ':')) %}\n"
+    "            {{- '<call>' + call.name + arguments + '</call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- eos_token + '\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- {'system': 'S:', 'user': 'U:', 'tool': 'T:'}[message.role] + message.content + '\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- 'A:' }}\n"
+    "{%- endif %}\n"
+)
+"""The presets' chat template, in the characters of their tokenizer (no token is added, so the
+presets' vocabulary and weights stay as they were). One line per tool (`F:add(a,b) a+b`), then one
+per message: `S:`, `U:`, `T:` (a tool's result) and the model's `A:`; a model's turn ends with
+`<eos>`, which the engine stops at, and its tool calls read `<call>add{"a":1,"b":2}</call>`
+(`pipelinerl.coordinator.tool_calls.TaggedNameJson`):
+
+    <bos>F:add(a,b) a+b
+    U:347+582
+    A:<call>add{"a":347,"b":582}</call><eos>
+    T:929
+    A:929<eos>
+"""
+
+
 def not_a_model(source: str | Path) -> str:
     """Why `source` cannot be loaded: it names neither a preset nor a directory."""
     return f"{source} is neither a preset ({', '.join(PRESETS)}) nor a directory"
