@@ -3,7 +3,8 @@ token and TLS, the same message-size limit as the servers, and the caller's trac
 
 Retries use gRPC's own retry policy (service config), so they apply to every method, including the
 start of streams, and respect the call's deadline. Unary calls without an explicit `timeout=` get
-`default_timeout_s`; long-lived streams are left without a deadline and end by cancellation.
+`default_timeout_s`; long-lived streams are left without a deadline and end by cancellation, or
+with UNAVAILABLE once keepalive pings find the server gone (keepalive.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -20,6 +21,7 @@ from grpc.aio import ClientCallDetails
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipelinerl.common import trace
+from pipelinerl.common.keepalive import Keepalive
 from pipelinerl.common.server import channel_options
 from pipelinerl.common.settings import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -48,6 +50,9 @@ class ChannelConfig:
     """Longest retry delay."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest message sent or received."""
+    keepalive: Keepalive = field(default_factory=Keepalive)
+    """Pings that find a frozen or unreachable server (keepalive.py): the calls on its connection
+    then fail UNAVAILABLE, streams included, instead of waiting on it forever."""
 
 
 def _service_config(config: ChannelConfig) -> str:
@@ -160,6 +165,7 @@ def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
         config = ChannelConfig(address=config)
     options = [
         *channel_options(config.max_message_bytes),
+        *config.keepalive.client_options(),
         ("grpc.enable_retries", 1),
         # gRPC's own reconnect backoff grows to minutes by default; a restarted peer should be
         # found again within the same bound as retries.

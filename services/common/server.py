@@ -211,9 +211,11 @@ class GrpcServer:
         if self.settings.auth_token:
             interceptors.append(BearerTokenInterceptor(self.settings.auth_token))
         interceptors.append(ErrorMappingInterceptor())
-        server = grpc.aio.server(
-            interceptors=interceptors, options=channel_options(self.settings.max_message_bytes)
-        )
+        options = [
+            *channel_options(self.settings.max_message_bytes),
+            *self.settings.keepalive.server_options(),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
         for service in self.services:
             service.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -22,6 +22,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from pipelinerl.common.keepalive import Keepalive
 from pipelinerl.common.log import LogFormat
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -102,6 +103,10 @@ class ServiceSettings(LayeredSettings):
     """Largest gRPC message sent or received, in bytes."""
     drain_seconds: float = Field(default=10.0, ge=0)
     """On SIGTERM, how long calls in flight may run before they are cancelled."""
+    keepalive: Keepalive = Field(default_factory=Keepalive)
+    """HTTP/2 pings on every connection of this service, to the services it calls and from its
+    clients: a peer that acks none within `keepalive.timeout_s` (frozen, or cut off by the
+    network) is dropped, and the calls on its connection fail UNAVAILABLE and go elsewhere."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve Prometheus metrics at `http://<host>:<metrics_port>/metrics` (plain HTTP, same `host`
     as gRPC); 0 picks a free port (logged). Unset: no metrics endpoint."""

@@ -28,7 +28,10 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
 
     def channel(address: str) -> ChannelConfig:
         return ChannelConfig(
-            address, auth_token=settings.services_auth_token, tls_ca_file=settings.services_tls_ca_file
+            address,
+            auth_token=settings.services_auth_token,
+            tls_ca_file=settings.services_tls_ca_file,
+            keepalive=settings.keepalive,
         )
 
     journal = Journal(settings.journal_path)

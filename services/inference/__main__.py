@@ -48,6 +48,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
                 settings.trainer_address,
                 auth_token=settings.trainer_auth_token,
                 tls_ca_file=settings.trainer_tls_ca_file,
+                keepalive=settings.keepalive,
             )
         )
         on_gpu = settings.engine == "builtin" and torch.device(settings.device).type == "cuda"
@@ -96,6 +97,7 @@ def _join_coordinator(settings: InferenceSettings, server: GrpcServer) -> None:
             settings.coordinator_address,
             auth_token=settings.coordinator_auth_token,
             tls_ca_file=settings.coordinator_tls_ca_file,
+            keepalive=settings.keepalive,
         )
     )
     lease = CoordinatorLease(coordinator)
