@@ -48,11 +48,18 @@ class ChannelConfig:
     """First retry delay; doubles each attempt up to `max_backoff_s` (gRPC adds jitter)."""
     max_backoff_s: float = 5.0
     """Longest retry delay."""
+    max_reconnect_backoff_s: float | None = None
+    """Longest wait between two attempts to connect to a server that is down; None: `max_backoff_s`.
+    Set it low where a restarted server must be found again at once."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest message sent or received."""
     keepalive: Keepalive = field(default_factory=Keepalive)
     """Pings that find a frozen or unreachable server (keepalive.py): the calls on its connection
     then fail UNAVAILABLE, streams included, instead of waiting on it forever."""
+
+
+def _max_reconnect_backoff_s(config: ChannelConfig) -> float:
+    return config.max_backoff_s if config.max_reconnect_backoff_s is None else config.max_reconnect_backoff_s
 
 
 def _service_config(config: ChannelConfig) -> str:
@@ -168,10 +175,10 @@ def open_channel(config: ChannelConfig | str) -> grpc.aio.Channel:
         *config.keepalive.client_options(),
         ("grpc.enable_retries", 1),
         # gRPC's own reconnect backoff grows to minutes by default; a restarted peer should be
-        # found again within the same bound as retries.
+        # found again within the same bound as retries, or `max_reconnect_backoff_s`.
         ("grpc.initial_reconnect_backoff_ms", int(config.initial_backoff_s * 1000)),
         ("grpc.min_reconnect_backoff_ms", int(config.initial_backoff_s * 1000)),
-        ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(_max_reconnect_backoff_s(config) * 1000)),
         ("grpc.service_config", _service_config(config)),
     ]
     token = config.auth_token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -24,6 +24,12 @@ from pipelinerl.trainer.v1 import trainer_pb2_grpc
 from pipelinerl.weights import convert as weights_convert
 from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
+RECONNECT_BACKOFF_S = 0.5
+"""Longest wait between two attempts to reach a trainer that is down, unless the channel's config
+sets one (gRPC's own backoff grows to seconds): a restarted trainer retrains the steps it lost at
+once, and no inference server takes a prompt until the coordinator's stream is back and the
+server holds the restarted trainer's weights (coordinator/lag_gate.py)."""
+
 
 @dataclass(frozen=True)
 class Flush:
@@ -36,6 +42,9 @@ class TrainerClient(ServiceClient):
     """Raises `pipelinerl.common.errors.*` for failed calls (field violations included)."""
 
     def __init__(self, config: ChannelConfig | str) -> None:
+        config = ChannelConfig(config) if isinstance(config, str) else config
+        if config.max_reconnect_backoff_s is None:
+            config = replace(config, max_reconnect_backoff_s=RECONNECT_BACKOFF_S)
         super().__init__(config)
         self._stub = trainer_pb2_grpc.TrainerServiceStub(self._channel)
 
@@ -68,8 +77,12 @@ class TrainerClient(ServiceClient):
                 raise error  # `batches` itself failed: the call was cancelled for it
 
     async def watch_weights(self, receiver: WatchRequest) -> AsyncIterator[WeightNotice]:
+        """The current version at once, then each new one. While the trainer is unreachable the call
+        waits for it instead of failing, so a watcher follows a restarted trainer as soon as the
+        channel connects again (its reconnect backoff bounds how soon)."""
+        request = watch_request_to_proto(receiver)
         with domain_errors():
-            async for notice in self._stub.WatchWeights(watch_request_to_proto(receiver)):
+            async for notice in self._stub.WatchWeights(request, wait_for_ready=True):
                 yield notice_from_proto(notice)
 
     async def fetch_weights(

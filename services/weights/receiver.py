@@ -104,7 +104,8 @@ class WeightReceiver:
         """Follow the trainer until cancelled. The stream is reopened when it drops, or when no
         trainer answered a fetch (its end may not have been seen yet): at once if it had announced
         a version (a restarted trainer announces its newest on the new one), else after
-        `reconnect_s`."""
+        `reconnect_s`. `TrainerClient.watch_weights` waits while the trainer is unreachable, so the
+        new stream opens once the channel reaches the trainer again (within its reconnect backoff)."""
         while True:
             announced = False
             try:
