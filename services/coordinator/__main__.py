@@ -52,7 +52,7 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         refresh_s=settings.membership_refresh_s,
         lease_s=settings.inference_lease_s,
     )
-    submitter = TrainerSubmitter(trainer, journal)
+    submitter = TrainerSubmitter(trainer, journal, on_state=pool.follow)
     coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer)
 
     await pool.start()

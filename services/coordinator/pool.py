@@ -9,8 +9,11 @@ within the capacity each advertises, and reconnection when a server goes away.
 A server going away never fails an attempt: the attempt runs again elsewhere, or on the same
 server once it is back. Members change while runs go on (`add`, `remove`: see membership.py); a
 removed server takes nothing new and leaves once its requests are done. A server takes prompts only
-while it serves a version within the trainer's `max_lag` of the trainer's own (a joiner first
-fetches the current weights), so that its samples are not dropped for lag.
+while the version it serves would not have its samples dropped for lag (lag_gate.py: within the
+trainer's `max_lag`, and after a trainer restart not older than the restarted trainer's weights);
+a joiner first fetches the current weights. A server's version is read from each completion it
+returns and from its GetStatus, asked every second, or every STALE_POLL_S while a server is
+behind, so that it takes prompts again soon after it has caught up.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason
+from pipelinerl.coordinator.lag_gate import LagGate, StreamState
 from pipelinerl.inference.client import GenerateSession, InferenceClient
 from pipelinerl.inference.types import Completion, GenerationRequest
 from pipelinerl.trainer.client import TrainerClient
@@ -34,6 +39,7 @@ log = get_logger(__name__)
 RECONNECT_S = 1.0
 BUSY_RETRY_S = 0.5
 STATUS_EVERY_S = 1.0
+STALE_POLL_S = 0.1
 # Per-request codes that say the server cannot run it now, not that the request is bad.
 _RETRIED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED")
 
@@ -57,6 +63,8 @@ class _Server:
     """As last advertised; kept while the server is away."""
     leaving: bool = False
     """Removed from the pool: takes nothing new, leaves once idle."""
+    admitted: bool = False
+    """Whether the lag gate let it take prompts at the last poll (logged when that changes)."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -68,30 +76,39 @@ class InferencePool:
         trainer: TrainerClient | None = None,
     ) -> None:
         """`channel(address)` configures the client of a member; `trainer`, when given, is asked
-        for its version and max_lag, which decide which members may take prompts."""
+        for its version and max_lag, which with `follow` decide which members may take prompts."""
         self._channel = channel
         self._trainer = trainer
         self._servers: dict[str, _Server] = {}
         self._changed = asyncio.Condition()
-        self._status_task: asyncio.Task[None] | None = None
+        self._gate = LagGate(known=trainer is None)
+        self._gate_moved = asyncio.Event()
+        self._status_tasks: list[asyncio.Task[None]] = []
         self._started = False
-        self.version_floor = 0
-        """Members serving an older version take no prompt (trainer version minus its max_lag)."""
         self.redispatches = 0
         """Requests run again after their server went away, was busy or aborted them."""
-        self._floor_known = trainer is None
-        """With a trainer, no member takes a prompt before the trainer has told its version once."""
         for address in addresses:
             self.add(address)
+
+    @property
+    def version_floor(self) -> int:
+        """Members serving an older version take no prompt."""
+        return self._gate.floor
 
     async def start(self) -> None:
         self._started = True
         for server in self._servers.values():
             server.task = asyncio.create_task(self._keep_connected(server))
-        self._status_task = asyncio.create_task(self._poll_status())
+        self._status_tasks = [asyncio.create_task(self._poll_servers())]
+        if self._trainer is not None:
+            self._status_tasks.append(asyncio.create_task(self._poll_trainer(self._trainer)))
+
+    def follow(self, state: StreamState) -> None:
+        """What the trainer's SubmitSamples stream says (`TrainerSubmitter`'s `on_state`)."""
+        self._move_gate(partial(self._gate.stream, state))
 
     async def close(self) -> None:
-        tasks = [t for t in (self._status_task, *(s.task for s in self._servers.values())) if t is not None]
+        tasks = [t for t in (*self._status_tasks, *(s.task for s in self._servers.values())) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -138,9 +155,7 @@ class InferencePool:
 
     def _free(self, server: _Server) -> int:
         """Requests `server` may take now: none while it leaves, is away, or lags the trainer."""
-        if server.session is None or server.leaving or not self._floor_known:
-            return 0
-        if server.version < self.version_floor:
+        if server.session is None or server.leaving or not self._gate.admits(server.version):
             return 0
         return server.session.window - server.in_flight
 
@@ -164,6 +179,8 @@ class InferencePool:
             server, session = await self._reserve()
             try:
                 completion = await session.generate(request)
+                if completion.tokens.versions:  # its last token's: the server's version now
+                    server.version = max(server.version, completion.tokens.versions[-1])
                 if completion.finish_reason is not FinishReason.ABORT:
                     return server.address, completion
                 # Never one we cancelled (that raises CancelledError here): the server gave up on it.
@@ -193,7 +210,7 @@ class InferencePool:
         """Until every connected server serves `version` or newer (the sync baseline's barrier)."""
         while any(s.session is not None and s.version < version for s in self._servers.values()):
             await asyncio.sleep(0.05)
-            await self._refresh_status()
+            await self._refresh_servers()
 
     async def _reserve(self) -> tuple[_Server, GenerateSession]:
         async with self._changed:
@@ -227,8 +244,7 @@ class InferencePool:
                 log.info("inference server not reachable yet", server=server.address, error=exc.message)
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            with contextlib.suppress(PipelineError):  # its version decides whether it takes prompts
-                server.version = (await server.client.status(timeout_s=2.0)).weight_version.version
+            await self._read_version(server)  # its version decides whether it takes prompts
             async with self._changed:
                 server.session = session
                 server.limits = ServerLimits(session.max_new_tokens, session.max_context)
@@ -249,23 +265,61 @@ class InferencePool:
             server.session = None
         await server.client.close()
 
-    async def _poll_status(self) -> None:
+    def _move_gate(self, update: Callable[[], None]) -> None:
+        """Apply `update` to the gate; wake the server poll if a connected server was admitted or
+        fell behind by it. (Each ack moves the floor: most moves change neither.)"""
+        before = self._gate_view()
+        update()
+        if self._gate_view() != before:
+            self._gate_moved.set()
+
+    def _gate_view(self) -> list[tuple[bool, bool]]:
+        """(admitted, behind the floor) of each connected server."""
+        floor = self._gate.floor
+        connected = [s for s in self._servers.values() if s.session is not None]
+        return [(self._gate.admits(s.version), s.version < floor) for s in connected]
+
+    async def _poll_trainer(self, trainer: TrainerClient) -> None:
         while True:
-            await self._refresh_status()
+            with contextlib.suppress(PipelineError):
+                status = await trainer.status(timeout_s=2.0)
+                self._move_gate(partial(self._gate.status, status.version.version, status.max_lag))
             await asyncio.sleep(STATUS_EVERY_S)
 
-    async def _refresh_status(self) -> None:
-        before = (self._floor_known, self.version_floor, [s.version for s in self._servers.values()])
-        if self._trainer is not None:
-            with contextlib.suppress(PipelineError):
-                trainer = await self._trainer.status(timeout_s=2.0)
-                self.version_floor = trainer.version.version - trainer.max_lag
-                self._floor_known = True
-        for server in list(self._servers.values()):
-            if server.session is None:
-                continue
-            with contextlib.suppress(PipelineError):
-                server.version = (await server.client.status(timeout_s=2.0)).weight_version.version
-        if before != (self._floor_known, self.version_floor, [s.version for s in self._servers.values()]):
+    async def _poll_servers(self) -> None:
+        """Every STATUS_EVERY_S; every STALE_POLL_S while a connected server is behind the floor; at
+        once when the gate admits or holds another server, after waking the requests waiting."""
+        while True:
+            await self._refresh_servers()
+            self._log_admissions()
+            floor = self._gate.floor
+            behind = any(s.session is not None and s.version < floor for s in self._servers.values())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gate_moved.wait(), STALE_POLL_S if behind else STATUS_EVERY_S)
+            if self._gate_moved.is_set():
+                self._gate_moved.clear()
+                async with self._changed:
+                    self._changed.notify_all()  # a member may be admitted now
+
+    def _log_admissions(self) -> None:
+        """A line each time the lag gate starts or stops letting a connected server take prompts."""
+        for server in self._servers.values():
+            admitted = server.session is not None and self._gate.admits(server.version)
+            if server.session is not None and admitted != server.admitted:
+                event = "inference server takes prompts" if admitted else "inference server held by lag gate"
+                log.info(event, server=server.address, version=server.version, floor=self._gate.floor,
+                         retraining=self._gate.retraining)  # fmt: skip
+            server.admitted = admitted
+
+    async def _refresh_servers(self) -> None:
+        connected = [s for s in self._servers.values() if s.session is not None]
+        before = [s.version for s in connected]
+        await asyncio.gather(*(self._read_version(s) for s in connected))
+        if before != [s.version for s in connected]:
             async with self._changed:
                 self._changed.notify_all()  # a member may have come within the trainer's max_lag
+
+    @staticmethod
+    async def _read_version(server: _Server) -> None:
+        with contextlib.suppress(PipelineError):
+            server.version = (await server.client.status(timeout_s=2.0)).weight_version.version

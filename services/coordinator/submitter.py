@@ -13,18 +13,25 @@ again, and no durable version counts for it until one of those answers. Either w
 ends up in the trainer's checkpointed weights once. A flush that the broken stream carried is
 sent again after them: a run whose groups all wait on the trainer sends no other, and a
 restarted trainer holding a partial step would wait for samples that never come.
+
+Each response is reported (`on_state`) as what the stream tells of the trainer: its newest version,
+its version when the stream first answered, and whether resent samples are still unanswered. The
+inference pool sends no prompt while they are (lag_gate.py), so a flush is sent after each response
+until they are answered: the restarted trainer may hold the last of them as a partial step, which
+no new sample would complete.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from pipelinerl.common.errors import PipelineError
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import Sample
 from pipelinerl.coordinator.journal import Journal
+from pipelinerl.coordinator.lag_gate import StreamState
 from pipelinerl.trainer.client import Flush, TrainerClient
 from pipelinerl.trainer.types import MAX_SAMPLES_PER_MESSAGE, Disposition, SampleAck
 
@@ -36,9 +43,12 @@ _NOT_YET = 2**62  # the version of a kept sample resent, until the trainer answe
 
 
 class TrainerSubmitter:
-    def __init__(self, trainer: TrainerClient, journal: Journal) -> None:
+    def __init__(
+        self, trainer: TrainerClient, journal: Journal, on_state: Callable[[StreamState], None] | None = None
+    ) -> None:
         self._trainer = trainer
         self._journal = journal
+        self._on_state = on_state
         self._queue: asyncio.Queue[list[Sample] | Flush] = asyncio.Queue()
         self._waiting: dict[str, tuple[Sample, asyncio.Future[SampleAck]]] = {}
         self._kept: dict[str, tuple[Sample, int]] = {}
@@ -50,6 +60,10 @@ class TrainerSubmitter:
         self._task: asyncio.Task[None] | None = None
         self._flushed: Flush | None = None
         """The last flush the current stream carried (a checkpoint asked for on it included)."""
+        self._resent: set[str] = set()
+        """Kept samples resent on the current stream that the trainer has not answered for yet."""
+        self._resumed = -1
+        """`latest_version` once the current stream first answered with acks; -1 before."""
         self.latest_version = 0
         self.durable_version = -1
 
@@ -77,7 +91,9 @@ class TrainerSubmitter:
         every resend, no durable version counts for one until the trainer has answered for it."""
         for sample in trained:
             self._kept[sample.sample_id] = (sample, _NOT_YET)
+            self._resent.add(sample.sample_id)
         self._queue_by_group(trained)
+        self._report()
 
     def flush(self, checkpoint: bool = False) -> None:
         """Ask the trainer to train what it holds (nothing more is coming for now)."""
@@ -112,6 +128,11 @@ class TrainerSubmitter:
                 async for acks, durable in self._trainer.submit_durably(self._batches()):
                     self._on_acks(acks)
                     self._on_durable(durable)
+                    if acks and self._resumed < 0:
+                        self._resumed = self.latest_version
+                    if self._resent:
+                        self.flush()
+                    self._report()
             except PipelineError as exc:
                 log.warning("trainer stream lost; resending what is not durable", error=exc.message)
             await asyncio.sleep(RECONNECT_S)
@@ -127,6 +148,7 @@ class TrainerSubmitter:
             self.latest_version = max(self.latest_version, ack.version)
             if not ack.disposition.final:
                 continue
+            self._resent.discard(ack.sample_id)
             waiting = self._waiting.pop(ack.sample_id, None)
             kept = self._kept.pop(ack.sample_id, None)
             sample = waiting[0] if waiting else kept[0] if kept else None
@@ -175,11 +197,17 @@ class TrainerSubmitter:
         # it: one restarted from an older checkpoint lost its step (and acks it ACCEPTED, then
         # TRAINED again); one that still has it acks DUPLICATE with its version.
         self._kept = {sample_id: (sample, _NOT_YET) for sample_id, (sample, _) in self._kept.items()}
+        self._resent, self._resumed = set(self._kept), -1
         self._queue_by_group(
             [sample for sample, _ in self._waiting.values()] + [s for s, _ in self._kept.values()]
         )
         if flushes:
             self.flush(checkpoint=any(f.checkpoint for f in flushes))
+        self._report()
+
+    def _report(self) -> None:
+        if self._on_state is not None:
+            self._on_state(StreamState(self.latest_version, self._resumed, retraining=bool(self._resent)))
 
     def _queue_by_group(self, samples: Sequence[Sample]) -> None:
         for group in _by_group(samples).values():

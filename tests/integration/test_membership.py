@@ -1,11 +1,12 @@
 """The pool's members change while requests run: servers join by registration or DNS and leave by
 `leaving` or a lapsed lease without failing a request, and a member that lags the trainer by more
-than its max_lag takes no prompt."""
+than its max_lag, or one still on the weights a restarted trainer left behind, takes no prompt."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -13,14 +14,16 @@ import pytest
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.errors import InvalidArgument
-from pipelinerl.common.types import FinishReason, SamplingParams
+from pipelinerl.common.types import FinishReason, SamplingParams, WeightVersion
 from pipelinerl.coordinator import membership as membership_module
+from pipelinerl.coordinator import pool as pool_module
 from pipelinerl.coordinator import server as coordinator_server
 from pipelinerl.coordinator.client import CoordinatorClient
+from pipelinerl.coordinator.lag_gate import StreamState
 from pipelinerl.coordinator.membership import Membership, resolve
 from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.inference import server as inference_server
-from pipelinerl.inference.types import GenerationRequest
+from pipelinerl.inference.types import GenerationRequest, InferenceStatus
 from pipelinerl.trainer import server as trainer_server
 from pipelinerl.trainer.client import TrainerClient
 from tests.fakes import FakeBackend, FakeCoordinator, FakeTrainer
@@ -137,6 +140,42 @@ async def test_a_server_behind_the_trainers_max_lag_takes_no_prompt(servers, sta
         assert not waiting.done() and pool.version_floor == 3
         trainer.max_lag = 5  # now version 0 is within the bound
         assert set(await waiting) == {a}
+
+
+class Following(FakeBackend):
+    """A fake engine whose weight version the test sets, as if it had received one."""
+
+    version = 0
+
+    def status(self) -> InferenceStatus:
+        return dataclasses.replace(super().status(), weight_version=WeightVersion(self.version, "fake"))
+
+
+async def test_after_a_trainer_restart_a_server_on_the_old_weights_waits_until_it_has_new_ones(
+    start_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No prompt while the restarted trainer retrains its lost steps, nor to a server still on the
+    weights it had before; that server takes prompts again once its status shows the new weights
+    (polled every STALE_POLL_S while it is behind: the ordinary poll is made too slow to matter)."""
+    monkeypatch.setattr(pool_module, "STATUS_EVERY_S", 60.0)
+    backend = Following(step_s=0.005)
+    a = await start_server(inference_server.registration(inference_server.InferenceServicer(backend)))
+    trainer = FakeTrainer()
+    trainer.version, trainer.max_lag = 5, 4
+    address = await start_server(trainer_server.registration(trainer))
+    async with TrainerClient(address) as client, pool_of(client) as pool:
+        backend.version = 5
+        pool.add(a)
+        assert set(await batch(pool, "before-", 2)) == {a}
+        pool.follow(StreamState(version=7, resumed=7, retraining=True))  # restarted at 7, replaying
+        waiting = asyncio.ensure_future(batch(pool, "gated-", 2))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        pool.follow(StreamState(version=9, resumed=7, retraining=False))  # replay over, `a` on 5
+        await asyncio.sleep(0.5)
+        assert not waiting.done() and pool.version_floor == 7
+        backend.version = 9  # it has the restarted trainer's weights
+        assert set(await asyncio.wait_for(waiting, 5)) == {a}
 
 
 async def test_register_inference_server_over_grpc_grants_a_lease_and_names_a_bad_address(

@@ -17,6 +17,7 @@ from pipelinerl.common.errors import Unavailable
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.coordinator import submitter as submitter_module
 from pipelinerl.coordinator.journal import Journal
+from pipelinerl.coordinator.lag_gate import StreamState
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.trainer.client import Flush
 from pipelinerl.trainer.types import Disposition, SampleAck
@@ -212,3 +213,54 @@ async def test_a_sample_whose_step_died_with_the_trainer_is_durable_only_once_tr
         await submitter.close()
         journal.close()
     assert marked == [(["s0"], True)]  # once, after the step that holds it again
+
+
+class ReplayingTrainer:
+    """The first stream trains each batch at once (version 1) and breaks on the next. The restarted
+    trainer resumes at version 5 and, like a real one holding less than a step, trains what it holds
+    only on a flush (version 6)."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def submit_durably(
+        self, batches: AsyncIterable[Sequence[Sample] | Flush]
+    ) -> AsyncIterator[tuple[list[SampleAck], int]]:
+        self.streams += 1
+        buffered: list[Sample] = []
+        async for item in batches:
+            if self.streams == 1:
+                if buffered:
+                    raise Unavailable("the trainer was killed")
+                buffered = list(item) if not isinstance(item, Flush) else []
+                yield [SampleAck(s.sample_id, Disposition.TRAINED, 1) for s in buffered], -1
+            elif not isinstance(item, Flush):
+                buffered += item
+                yield [SampleAck(s.sample_id, Disposition.ACCEPTED, 5) for s in item], -1
+            elif buffered:
+                yield [SampleAck(s.sample_id, Disposition.TRAINED, 6) for s in buffered], -1
+                buffered = []
+
+
+async def test_after_a_restart_the_stream_reports_the_replay_and_flushes_until_it_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inference pool sends no prompt while resent samples are unanswered, so no new sample
+    would complete a partial step of them: the submitter asks for flushes until they are answered."""
+    monkeypatch.setattr(submitter_module, "RECONNECT_S", 0.01)
+    states: list[StreamState] = []
+    journal = Journal(tmp_path / "journal.sqlite")
+    submitter = TrainerSubmitter(ReplayingTrainer(), journal, on_state=states.append)  # type: ignore[arg-type]
+    submitter.start()
+    try:
+        await asyncio.wait_for(asyncio.gather(*submitter.send([SAMPLE]).values()), timeout=5)
+        later = dataclasses.replace(SAMPLE, sample_id="s1", group_id="g1")
+        [ack] = await asyncio.wait_for(asyncio.gather(*submitter.send([later]).values()), timeout=5)
+    finally:
+        await submitter.close()
+        journal.close()
+    assert ack == SampleAck("s1", Disposition.TRAINED, 6)
+    assert states[0] == StreamState(1, 1, retraining=False)
+    assert StreamState(1, -1, retraining=True) in states  # the stream broke: s0 is resent
+    assert StreamState(5, 5, retraining=True) in states  # the restarted trainer holds it
+    assert states[-1] == StreamState(6, 5, retraining=False)
