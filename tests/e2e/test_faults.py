@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.common.errors import PipelineError
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
@@ -29,6 +30,13 @@ CHECKPOINT_EVERY = 4
 WATCH_S = 0.02
 """How often the trainer's version is read for its kill: steps take about 0.15 s, and the progress
 reports (one a second) can miss the two steps after a checkpoint."""
+KILLS = 3
+LOST_STEPS = 6
+"""Steps past its last checkpoint (every 8 steps) at which the trainer is killed, lost with it and
+retrained."""
+KILL_EVERY = 16
+"""Versions from one kill to the next: the replay after a kill takes about 9 (the lost steps, the
+window of samples that waited, the version the restart skips), then steps on fresh samples."""
 
 
 def resumed_at(run_dir: Path) -> tuple[int, int]:
@@ -48,14 +56,9 @@ def fake_crash_mid_checkpoint(checkpoints: Path) -> None:
 async def run_with_a_kill(tmp_path: Path, name: str, when: str, budget: int = BUDGET) -> tuple[Path, int]:
     """Run to the budget, SIGKILLing `name` once `when` holds; the launcher starts it again. Returns
     the run folder and the trainer version at the kill."""
-    # max_lag above the run's steps: a restarted trainer trains its resent backlog (the steps it
-    # lost and the samples in flight) in under a second, sooner than the inference servers, whose
-    # weight stream died with the old trainer, are back on it (gRPC's retries, then the receiver's
-    # reconnect delay); samples of their old weights would be over max_lag 4 and dropped, as the
-    # lag policy says. This checks exactly-once across the kill; test_lag_policy checks the policy.
     settings = RunSettings(
         run_dir=tmp_path / "run", max_samples=budget, inference_servers=2, duration_s=300,
-        trainer={"checkpoint_every": CHECKPOINT_EVERY, "max_lag": 64},
+        trainer={"checkpoint_every": CHECKPOINT_EVERY},
     )  # fmt: skip
     processes: list[ServiceProcess] = []
     killed: list[int] = []
@@ -107,8 +110,58 @@ async def test_a_trainer_killed_steps_after_its_checkpoint_trains_everything_onc
     # Newer than anything it published before, so the inference servers take the resumed weights.
     assert version > version_at_kill
     lost = range(durable + 1, version)
-    # Lag counts steps, not the versions the crash skipped: the resent samples are not stale.
+    # Lag counts steps, not the versions the crash skipped: the resent samples are not stale, and
+    # nothing was generated on weights the restarted trainer left behind (test below).
     assert assert_trained_exactly_once(run_dir, BUDGET, lost) == {"trained": BUDGET}
+
+
+async def test_a_trainer_killed_again_and_again_under_the_default_lag_policy_drops_nothing(
+    tmp_path: Path,
+) -> None:
+    """Each restarted trainer retrains the LOST_STEPS steps it lost and the window of samples that
+    waited for it back to back, more versions than max_lag 4, in under a second. Samples
+    generated meanwhile, or afterwards by a server still on the old weights, would be dropped as
+    stale: the inference pool sends no prompt until the replay is over and the server holds the
+    restarted trainer's weights (coordinator/lag_gate.py)."""
+    settings = RunSettings(
+        run_dir=tmp_path / "run", max_samples=2 * BUDGET, inference_servers=2, duration_s=300,
+        trainer={"checkpoint_every": 8},
+    )  # fmt: skip
+    processes: list[ServiceProcess] = []
+    kills: list[int] = []
+
+    async def kill_again_and_again() -> None:
+        """At LOST_STEPS or more steps past a checkpoint, KILL_EVERY versions after the last kill,
+        read from the trainer every WATCH_S."""
+        while not any(p.name == "trainer" and p.port for p in processes):
+            await asyncio.sleep(WATCH_S)
+        async with TrainerClient(next(p for p in processes if p.name == "trainer").address) as client:
+            while len(kills) < KILLS:
+                await asyncio.sleep(WATCH_S)
+                try:
+                    status = await client.status(timeout_s=1.0)
+                except PipelineError:  # not serving again yet
+                    continue
+                version = status.version.version
+                after = kills[-1] + KILL_EVERY if kills else 0
+                if version >= after and version - status.durable_version >= LOST_STEPS:
+                    trainer = next(p for p in processes if p.name == "trainer")
+                    trainer.process.kill()  # SIGKILL, by handle; the launcher starts it again
+                    trainer.process.wait()
+                    kills.append(version)
+
+    killer = asyncio.create_task(kill_again_and_again())
+    try:
+        result = await launch(settings, None, processes)
+    finally:
+        if not killer.done():
+            killer.cancel()
+        await asyncio.gather(killer, return_exceptions=True)
+    if not killer.cancelled():
+        killer.result()  # what stopped it, if anything did
+    assert len(kills) == KILLS, f"the run ended after the kills at versions {kills}"
+    assert result.state == "completed" and result.restarts == {"trainer": KILLS}, result
+    assert assert_trained_exactly_once(settings.run_dir, 2 * BUDGET) == {"trained": 2 * BUDGET}, kills
 
 
 # An inference server takes longer to start than the others; a bigger budget outlasts its restart.
