@@ -8,10 +8,19 @@ input the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.sampling import check_sampling
-from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenSequence, WeightVersion
+from pipelinerl.common.types import (
+    FinishReason,
+    Sample,
+    SamplingParams,
+    Segment,
+    SegmentKind,
+    TokenSequence,
+    WeightVersion,
+)
 from pipelinerl.common.v1 import common_pb2 as pb
 
 _FINISH_TO_PROTO = {
@@ -20,6 +29,8 @@ _FINISH_TO_PROTO = {
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
 }
 _FINISH_FROM_PROTO: dict[int, FinishReason] = {v: k for k, v in _FINISH_TO_PROTO.items()}
+_SEGMENT_TO_PROTO = {SegmentKind.MODEL: pb.SEGMENT_KIND_MODEL, SegmentKind.CONTEXT: pb.SEGMENT_KIND_CONTEXT}
+_SEGMENT_FROM_PROTO: dict[int, SegmentKind] = {v: k for k, v in _SEGMENT_TO_PROTO.items()}
 
 
 def sampling_from_proto(msg: pb.SamplingParams, field: str = "sampling") -> SamplingParams:
@@ -52,11 +63,15 @@ def tokens_to_proto(seq: TokenSequence) -> pb.TokenSequence:
     return pb.TokenSequence(token_ids=seq.token_ids, logprobs=seq.logprobs, versions=seq.versions)
 
 
-def tokens_from_proto(msg: pb.TokenSequence, field: str = "completion") -> TokenSequence:
+def tokens_from_proto(
+    msg: pb.TokenSequence, field: str = "completion", *, aligned: bool = True
+) -> TokenSequence:
+    """`aligned`: logprobs and versions must have one value per token. A segmented sample's
+    completion has them for its model tokens only, which the trainer checks against its segments."""
     n = len(msg.token_ids)
-    if len(msg.logprobs) != n:
+    if aligned and len(msg.logprobs) != n:
         raise InvalidArgument.field(f"{field}.logprobs", f"has {len(msg.logprobs)} values for {n} tokens")
-    if len(msg.versions) != n:
+    if aligned and len(msg.versions) != n:
         raise InvalidArgument.field(f"{field}.versions", f"has {len(msg.versions)} values for {n} tokens")
     if any(t < 0 for t in msg.token_ids):
         raise InvalidArgument.field(f"{field}.token_ids", "token ids must be >= 0")
@@ -84,7 +99,22 @@ def sample_to_proto(sample: Sample) -> pb.Sample:
         reward=sample.reward,
         finish_reason=finish_reason_to_proto(sample.finish_reason),
         group_size=sample.group_size,
+        segments=[
+            pb.Segment(kind=_SEGMENT_TO_PROTO[s.kind], num_tokens=s.num_tokens) for s in sample.segments
+        ],
     )
+
+
+def segments_from_proto(msgs: Sequence[pb.Segment], field: str = "segments") -> tuple[Segment, ...]:
+    """The kinds must be known; the rest of the segments' rules are the trainer's to check."""
+    segments = []
+    for i, msg in enumerate(msgs):
+        if msg.kind not in _SEGMENT_FROM_PROTO:
+            raise InvalidArgument.field(
+                f"{field}[{i}].kind", "must be SEGMENT_KIND_MODEL or SEGMENT_KIND_CONTEXT"
+            )
+        segments.append(Segment(_SEGMENT_FROM_PROTO[msg.kind], msg.num_tokens))
+    return tuple(segments)
 
 
 def sample_from_proto(msg: pb.Sample, field: str = "sample") -> Sample:
@@ -100,10 +130,11 @@ def sample_from_proto(msg: pb.Sample, field: str = "sample") -> Sample:
         sample_id=msg.sample_id,
         group_id=msg.group_id,
         prompt_token_ids=list(msg.prompt_token_ids),
-        completion=tokens_from_proto(msg.completion, f"{field}.completion"),
+        completion=tokens_from_proto(msg.completion, f"{field}.completion", aligned=not msg.segments),
         reward=msg.reward,
         finish_reason=finish_reason_from_proto(msg.finish_reason),
         group_size=max(msg.group_size, 1),
+        segments=segments_from_proto(msg.segments, f"{field}.segments"),
     )
 
 

@@ -48,9 +48,25 @@ class TokenSequence:
         self.versions += other.versions
 
 
+class SegmentKind(enum.Enum):
+    MODEL = "model"
+    """Sampled by the policy: a logprob and a version per token, trained by the loss."""
+    CONTEXT = "context"
+    """Not sampled by the policy (an environment's reply, template scaffolding): attended to, no loss."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive completion tokens of one kind (see `Sample.segments`)."""
+
+    kind: SegmentKind
+    num_tokens: int
+
+
 @dataclass
 class Sample:
-    """A scored completion, as the trainer receives it."""
+    """A scored completion, as the trainer receives it: one token stream, the prompt (context)
+    followed by the completion, whose tokens are all the model's unless `segments` say otherwise."""
 
     sample_id: str
     group_id: str
@@ -59,6 +75,23 @@ class Sample:
     reward: float
     finish_reason: FinishReason = FinishReason.STOP
     group_size: int = 1
+    segments: tuple[Segment, ...] = ()
+    """Empty for a single-turn sample. Otherwise the runs of model and context tokens that tile
+    `completion.token_ids` in order, and `completion.logprobs` / `completion.versions` hold one value
+    per model token only (the rules are in `pipelinerl.common.v1.Sample.segments`)."""
+
+    @property
+    def model_tokens(self) -> int:
+        """Completion tokens the model sampled: the ones the loss trains."""
+        if not self.segments:
+            return len(self.completion.token_ids)
+        return sum(s.num_tokens for s in self.segments if s.kind is SegmentKind.MODEL)
+
+    def model_mask(self) -> list[bool]:
+        """One flag per completion token: True where the model sampled it."""
+        if not self.segments:
+            return [True] * len(self.completion.token_ids)
+        return [s.kind is SegmentKind.MODEL for s in self.segments for _ in range(s.num_tokens)]
 
 
 @dataclass(frozen=True)

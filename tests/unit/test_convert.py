@@ -7,7 +7,7 @@ import pytest
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument, NotFound
 from pipelinerl.common.status import error_from_status, item_status
-from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenSequence
+from pipelinerl.common.types import FinishReason, Sample, SamplingParams, Segment, SegmentKind, TokenSequence
 from pipelinerl.common.v1 import common_pb2 as pb
 
 
@@ -48,6 +48,22 @@ def test_sample_round_trip_and_validation() -> None:
         with pytest.raises(InvalidArgument) as exc:
             convert.sample_from_proto(msg)
         assert exc.value.violations[0].field == field
+
+
+def test_segmented_sample_round_trip_and_unknown_kind() -> None:
+    segments = (Segment(SegmentKind.MODEL, 1), Segment(SegmentKind.CONTEXT, 2), Segment(SegmentKind.MODEL, 1))
+    tokens = TokenSequence([2, 3, 4, 5], [-0.5, -1.0], [0, 1])  # logprobs and versions: model tokens only
+    sample = Sample("s", "g", [1], tokens, 0.5, FinishReason.STOP, 4, segments)
+    msg = convert.sample_to_proto(sample)
+    assert [(s.kind, s.num_tokens) for s in msg.segments] == [
+        (pb.SEGMENT_KIND_MODEL, 1), (pb.SEGMENT_KIND_CONTEXT, 2), (pb.SEGMENT_KIND_MODEL, 1)
+    ]  # fmt: skip
+    assert convert.sample_from_proto(msg) == sample
+    assert sample.model_tokens == 2 and sample.model_mask() == [True, False, False, True]
+    msg.segments[1].kind = pb.SEGMENT_KIND_UNSPECIFIED
+    with pytest.raises(InvalidArgument) as exc:
+        convert.sample_from_proto(msg, "samples[0]")
+    assert exc.value.violations[0].field == "samples[0].segments[1].kind"
 
 
 def test_errors_survive_a_status_round_trip() -> None:

@@ -24,35 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pipelinerl/common/v1/common.proto\x12\x14pipelinerl.common.v1\"\xc1\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"F\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\"\xdf\x01\n\x06Sample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x37\n\ncompletion\x18\x04 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x39\n\rfinish_reason\x18\x06 \x01(\x0e\x32\".pipelinerl.common.v1.FinishReason\x12\x12\n\ngroup_size\x18\x07 \x01(\x05\"0\n\rWeightVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"\x88\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12*\n\x05\x64type\x18\x03 \x01(\x0e\x32\x1b.pipelinerl.common.v1.DType\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x11\n\tnum_bytes\x18\x06 \x01(\x03\"U\n\x08\x43hecksum\x12:\n\talgorithm\x18\x01 \x01(\x0e\x32\'.pipelinerl.common.v1.ChecksumAlgorithm\x12\r\n\x05value\x18\x02 \x01(\x0c\"\\\n\x06\x42ucket\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x30\n\x08\x63hecksum\x18\x03 \x01(\x0b\x32\x1e.pipelinerl.common.v1.Checksum\"\x85\x01\n\x0cWeightLayout\x12\x31\n\x07tensors\x18\x01 \x03(\x0b\x32 .pipelinerl.common.v1.TensorSpec\x12-\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x1c.pipelinerl.common.v1.Bucket\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\"\xa3\x01\n\x0bTensorChunk\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x30\n\x08\x63hecksum\x18\x05 \x01(\x0b\x32\x1e.pipelinerl.common.v1.Checksum*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*\\\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03*t\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x01\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_SHA256\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pipelinerl/common/v1/common.proto\x12\x14pipelinerl.common.v1\"\xc1\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x02\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"F\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x10\n\x08versions\x18\x03 \x03(\x03\"N\n\x07Segment\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.pipelinerl.common.v1.SegmentKind\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\"\x90\x02\n\x06Sample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x37\n\ncompletion\x18\x04 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x39\n\rfinish_reason\x18\x06 \x01(\x0e\x32\".pipelinerl.common.v1.FinishReason\x12\x12\n\ngroup_size\x18\x07 \x01(\x05\x12/\n\x08segments\x18\x08 \x03(\x0b\x32\x1d.pipelinerl.common.v1.Segment\"0\n\rWeightVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"\x88\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12*\n\x05\x64type\x18\x03 \x01(\x0e\x32\x1b.pipelinerl.common.v1.DType\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x11\n\tnum_bytes\x18\x06 \x01(\x03\"U\n\x08\x43hecksum\x12:\n\talgorithm\x18\x01 \x01(\x0e\x32\'.pipelinerl.common.v1.ChecksumAlgorithm\x12\r\n\x05value\x18\x02 \x01(\x0c\"\\\n\x06\x42ucket\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tnum_bytes\x18\x02 \x01(\x03\x12\x30\n\x08\x63hecksum\x18\x03 \x01(\x0b\x32\x1e.pipelinerl.common.v1.Checksum\"\x85\x01\n\x0cWeightLayout\x12\x31\n\x07tensors\x18\x01 \x03(\x0b\x32 .pipelinerl.common.v1.TensorSpec\x12-\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x1c.pipelinerl.common.v1.Bucket\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\"\xa3\x01\n\x0bTensorChunk\x12\x34\n\x07version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x30\n\x08\x63hecksum\x18\x05 \x01(\x0b\x32\x1e.pipelinerl.common.v1.Checksum*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*]\n\x0bSegmentKind\x12\x1c\n\x18SEGMENT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12SEGMENT_KIND_MODEL\x10\x01\x12\x18\n\x14SEGMENT_KIND_CONTEXT\x10\x02*\\\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03*t\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x01\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_SHA256\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pipelinerl.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1225
-  _globals['_FINISHREASON']._serialized_end=1345
-  _globals['_DTYPE']._serialized_start=1347
-  _globals['_DTYPE']._serialized_end=1439
-  _globals['_CHECKSUMALGORITHM']._serialized_start=1441
-  _globals['_CHECKSUMALGORITHM']._serialized_end=1557
+  _globals['_FINISHREASON']._serialized_start=1354
+  _globals['_FINISHREASON']._serialized_end=1474
+  _globals['_SEGMENTKIND']._serialized_start=1476
+  _globals['_SEGMENTKIND']._serialized_end=1569
+  _globals['_DTYPE']._serialized_start=1571
+  _globals['_DTYPE']._serialized_end=1663
+  _globals['_CHECKSUMALGORITHM']._serialized_start=1665
+  _globals['_CHECKSUMALGORITHM']._serialized_end=1781
   _globals['_SAMPLINGPARAMS']._serialized_start=60
   _globals['_SAMPLINGPARAMS']._serialized_end=253
   _globals['_TOKENSEQUENCE']._serialized_start=255
   _globals['_TOKENSEQUENCE']._serialized_end=325
-  _globals['_SAMPLE']._serialized_start=328
-  _globals['_SAMPLE']._serialized_end=551
-  _globals['_WEIGHTVERSION']._serialized_start=553
-  _globals['_WEIGHTVERSION']._serialized_end=601
-  _globals['_TENSORSPEC']._serialized_start=604
-  _globals['_TENSORSPEC']._serialized_end=740
-  _globals['_CHECKSUM']._serialized_start=742
-  _globals['_CHECKSUM']._serialized_end=827
-  _globals['_BUCKET']._serialized_start=829
-  _globals['_BUCKET']._serialized_end=921
-  _globals['_WEIGHTLAYOUT']._serialized_start=924
-  _globals['_WEIGHTLAYOUT']._serialized_end=1057
-  _globals['_TENSORCHUNK']._serialized_start=1060
-  _globals['_TENSORCHUNK']._serialized_end=1223
+  _globals['_SEGMENT']._serialized_start=327
+  _globals['_SEGMENT']._serialized_end=405
+  _globals['_SAMPLE']._serialized_start=408
+  _globals['_SAMPLE']._serialized_end=680
+  _globals['_WEIGHTVERSION']._serialized_start=682
+  _globals['_WEIGHTVERSION']._serialized_end=730
+  _globals['_TENSORSPEC']._serialized_start=733
+  _globals['_TENSORSPEC']._serialized_end=869
+  _globals['_CHECKSUM']._serialized_start=871
+  _globals['_CHECKSUM']._serialized_end=956
+  _globals['_BUCKET']._serialized_start=958
+  _globals['_BUCKET']._serialized_end=1050
+  _globals['_WEIGHTLAYOUT']._serialized_start=1053
+  _globals['_WEIGHTLAYOUT']._serialized_end=1186
+  _globals['_TENSORCHUNK']._serialized_start=1189
+  _globals['_TENSORCHUNK']._serialized_end=1352
 # @@protoc_insertion_point(module_scope)

@@ -14,6 +14,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
 
+class SegmentKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEGMENT_KIND_UNSPECIFIED: _ClassVar[SegmentKind]
+    SEGMENT_KIND_MODEL: _ClassVar[SegmentKind]
+    SEGMENT_KIND_CONTEXT: _ClassVar[SegmentKind]
+
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     D_TYPE_UNSPECIFIED: _ClassVar[DType]
@@ -30,6 +36,9 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+SEGMENT_KIND_UNSPECIFIED: SegmentKind
+SEGMENT_KIND_MODEL: SegmentKind
+SEGMENT_KIND_CONTEXT: SegmentKind
 D_TYPE_UNSPECIFIED: DType
 D_TYPE_FLOAT32: DType
 D_TYPE_FLOAT16: DType
@@ -66,8 +75,16 @@ class TokenSequence(_message.Message):
     versions: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Segment(_message.Message):
+    __slots__ = ("kind", "num_tokens")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    kind: SegmentKind
+    num_tokens: int
+    def __init__(self, kind: _Optional[_Union[SegmentKind, str]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
 class Sample(_message.Message):
-    __slots__ = ("sample_id", "group_id", "prompt_token_ids", "completion", "reward", "finish_reason", "group_size")
+    __slots__ = ("sample_id", "group_id", "prompt_token_ids", "completion", "reward", "finish_reason", "group_size", "segments")
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +92,7 @@ class Sample(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     group_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -82,7 +100,8 @@ class Sample(_message.Message):
     reward: float
     finish_reason: FinishReason
     group_size: int
-    def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion: _Optional[_Union[TokenSequence, _Mapping]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., group_size: _Optional[int] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion: _Optional[_Union[TokenSequence, _Mapping]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., group_size: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ...) -> None: ...
 
 class WeightVersion(_message.Message):
     __slots__ = ("version", "run_id")

@@ -21,7 +21,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file pipelinerl/common/v1/common.proto.
  */
 export const file_pipelinerl_common_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("CiFwaXBlbGluZXJsL2NvbW1vbi92MS9jb21tb24ucHJvdG8SFHBpcGVsaW5lcmwuY29tbW9uLnYxIsEBCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9wGAIgASgCSAGIAQESDQoFdG9wX2sYAyABKAUSFgoObWF4X25ld190b2tlbnMYBCABKAUSFgoOc3RvcF90b2tlbl9pZHMYBSADKAUSDAoEc3RvcBgGIAMoCRIRCgRzZWVkGAcgASgESAKIAQFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIHCgVfc2VlZCJGCg1Ub2tlblNlcXVlbmNlEhEKCXRva2VuX2lkcxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIQCgh2ZXJzaW9ucxgDIAMoAyLfAQoGU2FtcGxlEhEKCXNhbXBsZV9pZBgBIAEoCRIQCghncm91cF9pZBgCIAEoCRIYChBwcm9tcHRfdG9rZW5faWRzGAMgAygFEjcKCmNvbXBsZXRpb24YBCABKAsyIy5waXBlbGluZXJsLmNvbW1vbi52MS5Ub2tlblNlcXVlbmNlEg4KBnJld2FyZBgFIAEoARI5Cg1maW5pc2hfcmVhc29uGAYgASgOMiIucGlwZWxpbmVybC5jb21tb24udjEuRmluaXNoUmVhc29uEhIKCmdyb3VwX3NpemUYByABKAUiMAoNV2VpZ2h0VmVyc2lvbhIPCgd2ZXJzaW9uGAEgASgDEg4KBnJ1bl9pZBgCIAEoCSKIAQoKVGVuc29yU3BlYxIMCgRuYW1lGAEgASgJEg0KBXNoYXBlGAIgAygDEioKBWR0eXBlGAMgASgOMhsucGlwZWxpbmVybC5jb21tb24udjEuRFR5cGUSDgoGYnVja2V0GAQgASgFEg4KBm9mZnNldBgFIAEoAxIRCgludW1fYnl0ZXMYBiABKAMiVQoIQ2hlY2tzdW0SOgoJYWxnb3JpdGhtGAEgASgOMicucGlwZWxpbmVybC5jb21tb24udjEuQ2hlY2tzdW1BbGdvcml0aG0SDQoFdmFsdWUYAiABKAwiXAoGQnVja2V0Eg0KBWluZGV4GAEgASgFEhEKCW51bV9ieXRlcxgCIAEoAxIwCghjaGVja3N1bRgDIAEoCzIeLnBpcGVsaW5lcmwuY29tbW9uLnYxLkNoZWNrc3VtIoUBCgxXZWlnaHRMYXlvdXQSMQoHdGVuc29ycxgBIAMoCzIgLnBpcGVsaW5lcmwuY29tbW9uLnYxLlRlbnNvclNwZWMSLQoHYnVja2V0cxgCIAMoCzIcLnBpcGVsaW5lcmwuY29tbW9uLnYxLkJ1Y2tldBITCgt0b3RhbF9ieXRlcxgDIAEoAyKjAQoLVGVuc29yQ2h1bmsSNAoHdmVyc2lvbhgBIAEoCzIjLnBpcGVsaW5lcmwuY29tbW9uLnYxLldlaWdodFZlcnNpb24SDgoGYnVja2V0GAIgASgFEg4KBm9mZnNldBgDIAEoAxIMCgRkYXRhGAQgASgMEjAKCGNoZWNrc3VtGAUgASgLMh4ucGlwZWxpbmVybC5jb21tb24udjEuQ2hlY2tzdW0qeAoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEhcKE0ZJTklTSF9SRUFTT05fQUJPUlQQAypcCgVEVHlwZRIWChJEX1RZUEVfVU5TUEVDSUZJRUQQABISCg5EX1RZUEVfRkxPQVQzMhABEhIKDkRfVFlQRV9GTE9BVDE2EAISEwoPRF9UWVBFX0JGTE9BVDE2EAMqdAoRQ2hlY2tzdW1BbGdvcml0aG0SIgoeQ0hFQ0tTVU1fQUxHT1JJVEhNX1VOU1BFQ0lGSUVEEAASHAoYQ0hFQ0tTVU1fQUxHT1JJVEhNX0NSQzMyEAESHQoZQ0hFQ0tTVU1fQUxHT1JJVEhNX1NIQTI1NhACYgZwcm90bzM");
+  fileDesc("CiFwaXBlbGluZXJsL2NvbW1vbi92MS9jb21tb24ucHJvdG8SFHBpcGVsaW5lcmwuY29tbW9uLnYxIsEBCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9wGAIgASgCSAGIAQESDQoFdG9wX2sYAyABKAUSFgoObWF4X25ld190b2tlbnMYBCABKAUSFgoOc3RvcF90b2tlbl9pZHMYBSADKAUSDAoEc3RvcBgGIAMoCRIRCgRzZWVkGAcgASgESAKIAQFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3BfcEIHCgVfc2VlZCJGCg1Ub2tlblNlcXVlbmNlEhEKCXRva2VuX2lkcxgBIAMoBRIQCghsb2dwcm9icxgCIAMoAhIQCgh2ZXJzaW9ucxgDIAMoAyJOCgdTZWdtZW50Ei8KBGtpbmQYASABKA4yIS5waXBlbGluZXJsLmNvbW1vbi52MS5TZWdtZW50S2luZBISCgpudW1fdG9rZW5zGAIgASgFIpACCgZTYW1wbGUSEQoJc2FtcGxlX2lkGAEgASgJEhAKCGdyb3VwX2lkGAIgASgJEhgKEHByb21wdF90b2tlbl9pZHMYAyADKAUSNwoKY29tcGxldGlvbhgEIAEoCzIjLnBpcGVsaW5lcmwuY29tbW9uLnYxLlRva2VuU2VxdWVuY2USDgoGcmV3YXJkGAUgASgBEjkKDWZpbmlzaF9yZWFzb24YBiABKA4yIi5waXBlbGluZXJsLmNvbW1vbi52MS5GaW5pc2hSZWFzb24SEgoKZ3JvdXBfc2l6ZRgHIAEoBRIvCghzZWdtZW50cxgIIAMoCzIdLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNlZ21lbnQiMAoNV2VpZ2h0VmVyc2lvbhIPCgd2ZXJzaW9uGAEgASgDEg4KBnJ1bl9pZBgCIAEoCSKIAQoKVGVuc29yU3BlYxIMCgRuYW1lGAEgASgJEg0KBXNoYXBlGAIgAygDEioKBWR0eXBlGAMgASgOMhsucGlwZWxpbmVybC5jb21tb24udjEuRFR5cGUSDgoGYnVja2V0GAQgASgFEg4KBm9mZnNldBgFIAEoAxIRCgludW1fYnl0ZXMYBiABKAMiVQoIQ2hlY2tzdW0SOgoJYWxnb3JpdGhtGAEgASgOMicucGlwZWxpbmVybC5jb21tb24udjEuQ2hlY2tzdW1BbGdvcml0aG0SDQoFdmFsdWUYAiABKAwiXAoGQnVja2V0Eg0KBWluZGV4GAEgASgFEhEKCW51bV9ieXRlcxgCIAEoAxIwCghjaGVja3N1bRgDIAEoCzIeLnBpcGVsaW5lcmwuY29tbW9uLnYxLkNoZWNrc3VtIoUBCgxXZWlnaHRMYXlvdXQSMQoHdGVuc29ycxgBIAMoCzIgLnBpcGVsaW5lcmwuY29tbW9uLnYxLlRlbnNvclNwZWMSLQoHYnVja2V0cxgCIAMoCzIcLnBpcGVsaW5lcmwuY29tbW9uLnYxLkJ1Y2tldBITCgt0b3RhbF9ieXRlcxgDIAEoAyKjAQoLVGVuc29yQ2h1bmsSNAoHdmVyc2lvbhgBIAEoCzIjLnBpcGVsaW5lcmwuY29tbW9uLnYxLldlaWdodFZlcnNpb24SDgoGYnVja2V0GAIgASgFEg4KBm9mZnNldBgDIAEoAxIMCgRkYXRhGAQgASgMEjAKCGNoZWNrc3VtGAUgASgLMh4ucGlwZWxpbmVybC5jb21tb24udjEuQ2hlY2tzdW0qeAoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEhcKE0ZJTklTSF9SRUFTT05fQUJPUlQQAypdCgtTZWdtZW50S2luZBIcChhTRUdNRU5UX0tJTkRfVU5TUEVDSUZJRUQQABIWChJTRUdNRU5UX0tJTkRfTU9ERUwQARIYChRTRUdNRU5UX0tJTkRfQ09OVEVYVBACKlwKBURUeXBlEhYKEkRfVFlQRV9VTlNQRUNJRklFRBAAEhIKDkRfVFlQRV9GTE9BVDMyEAESEgoORF9UWVBFX0ZMT0FUMTYQAhITCg9EX1RZUEVfQkZMT0FUMTYQAyp0ChFDaGVja3N1bUFsZ29yaXRobRIiCh5DSEVDS1NVTV9BTEdPUklUSE1fVU5TUEVDSUZJRUQQABIcChhDSEVDS1NVTV9BTEdPUklUSE1fQ1JDMzIQARIdChlDSEVDS1NVTV9BTEdPUklUSE1fU0hBMjU2EAJiBnByb3RvMw");
 
 /**
  * How to sample one completion. Every field but `max_new_tokens` has a usable default when unset;
@@ -94,7 +94,9 @@ export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
 
 /**
  * Generated tokens with what produced them. The three repeated fields have the same length and are
- * aligned: element i describes the i-th generated token.
+ * aligned: element i describes the i-th generated token. (The one exception is the completion of a
+ * segmented `Sample`, whose logprobs and versions describe its MODEL tokens only: see
+ * `Sample.segments`.)
  *
  * @generated from message pipelinerl.common.v1.TokenSequence
  */
@@ -132,7 +134,43 @@ export const TokenSequenceSchema: GenMessage<TokenSequence> = /*@__PURE__*/
   messageDesc(file_pipelinerl_common_v1_common, 1);
 
 /**
+ * A run of consecutive tokens of one kind in a segmented sample's completion.
+ *
+ * @generated from message pipelinerl.common.v1.Segment
+ */
+export type Segment = Message<"pipelinerl.common.v1.Segment"> & {
+  /**
+   * Who produced the run.
+   *
+   * @generated from field: pipelinerl.common.v1.SegmentKind kind = 1;
+   */
+  kind: SegmentKind;
+
+  /**
+   * Tokens in the run, at least 1.
+   *
+   * @generated from field: int32 num_tokens = 2;
+   */
+  numTokens: number;
+};
+
+/**
+ * Describes the message pipelinerl.common.v1.Segment.
+ * Use `create(SegmentSchema)` to create a new message.
+ */
+export const SegmentSchema: GenMessage<Segment> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_common_v1_common, 2);
+
+/**
  * A completion scored by the reward service, as the trainer receives it.
+ *
+ * A sample is one token stream, `prompt_token_ids` followed by `completion.token_ids`, which the
+ * trainer attends to as one causal sequence. The prompt is always context (no loss). Which
+ * completion tokens the policy sampled depends on `segments`:
+ * - None (a single-turn sample): every completion token is a model token, with its logprob and
+ *   version at the same index of `completion`.
+ * - Some (a multi-turn episode: model turn, tool result or observation, model turn, ...): see
+ *   `segments` for the rules.
  *
  * @generated from message pipelinerl.common.v1.Sample
  */
@@ -186,6 +224,27 @@ export type Sample = Message<"pipelinerl.common.v1.Sample"> & {
    * @generated from field: int32 group_size = 7;
    */
   groupSize: number;
+
+  /**
+   * The runs of model and context tokens of `completion.token_ids`, in order. Empty for a
+   * single-turn sample. When set:
+   * - The segments tile the completion: each holds at least one token, and their `num_tokens` sum
+   *   to the length of `completion.token_ids`. The prompt before them is the stream's first span,
+   *   context, so a completion may start with either kind.
+   * - At least one segment is MODEL.
+   * - `completion.logprobs` and `completion.versions` hold one value per MODEL token, in stream
+   *   order, and none for CONTEXT tokens: their length is the sum of the MODEL segments'
+   *   `num_tokens`. (A trainer that predates segments therefore rejects a sample with context
+   *   tokens in its completion instead of training them.)
+   * - The loss trains MODEL tokens only, each with its own importance ratio; advantages are the
+   *   sample's. The lag of the sample is judged at its oldest MODEL token (the least of
+   *   `completion.versions`).
+   * - `finish_reason` says why the last model turn stopped.
+   * Breaking a rule is INVALID_ARGUMENT naming the field (`samples[0].segments[2].num_tokens`).
+   *
+   * @generated from field: repeated pipelinerl.common.v1.Segment segments = 8;
+   */
+  segments: Segment[];
 };
 
 /**
@@ -193,7 +252,7 @@ export type Sample = Message<"pipelinerl.common.v1.Sample"> & {
  * Use `create(SampleSchema)` to create a new message.
  */
 export const SampleSchema: GenMessage<Sample> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 2);
+  messageDesc(file_pipelinerl_common_v1_common, 3);
 
 /**
  * Identity of one set of model weights.
@@ -222,7 +281,7 @@ export type WeightVersion = Message<"pipelinerl.common.v1.WeightVersion"> & {
  * Use `create(WeightVersionSchema)` to create a new message.
  */
 export const WeightVersionSchema: GenMessage<WeightVersion> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 3);
+  messageDesc(file_pipelinerl_common_v1_common, 4);
 
 /**
  * One tensor's place in the flat buckets a weight version is sent in.
@@ -278,7 +337,7 @@ export type TensorSpec = Message<"pipelinerl.common.v1.TensorSpec"> & {
  * Use `create(TensorSpecSchema)` to create a new message.
  */
 export const TensorSpecSchema: GenMessage<TensorSpec> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 4);
+  messageDesc(file_pipelinerl_common_v1_common, 5);
 
 /**
  * A checksum over a byte range.
@@ -306,7 +365,7 @@ export type Checksum = Message<"pipelinerl.common.v1.Checksum"> & {
  * Use `create(ChecksumSchema)` to create a new message.
  */
 export const ChecksumSchema: GenMessage<Checksum> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 5);
+  messageDesc(file_pipelinerl_common_v1_common, 6);
 
 /**
  * One flat bucket of concatenated tensors. Weights move bucket by bucket (not tensor by tensor)
@@ -342,7 +401,7 @@ export type Bucket = Message<"pipelinerl.common.v1.Bucket"> & {
  * Use `create(BucketSchema)` to create a new message.
  */
 export const BucketSchema: GenMessage<Bucket> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 6);
+  messageDesc(file_pipelinerl_common_v1_common, 7);
 
 /**
  * The full description of how one weight version is laid out in buckets.
@@ -377,7 +436,7 @@ export type WeightLayout = Message<"pipelinerl.common.v1.WeightLayout"> & {
  * Use `create(WeightLayoutSchema)` to create a new message.
  */
 export const WeightLayoutSchema: GenMessage<WeightLayout> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 7);
+  messageDesc(file_pipelinerl_common_v1_common, 8);
 
 /**
  * A piece of one bucket of one weight version (the unit of `FetchWeights`).
@@ -426,7 +485,7 @@ export type TensorChunk = Message<"pipelinerl.common.v1.TensorChunk"> & {
  * Use `create(TensorChunkSchema)` to create a new message.
  */
 export const TensorChunkSchema: GenMessage<TensorChunk> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_common_v1_common, 8);
+  messageDesc(file_pipelinerl_common_v1_common, 9);
 
 /**
  * Why a sequence stopped.
@@ -470,6 +529,42 @@ export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
   enumDesc(file_pipelinerl_common_v1_common, 0);
 
 /**
+ * What produced a run of a segmented sample's tokens, and so whether the loss trains them.
+ *
+ * @generated from enum pipelinerl.common.v1.SegmentKind
+ */
+export enum SegmentKind {
+  /**
+   * Unknown; rejected.
+   *
+   * @generated from enum value: SEGMENT_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Sampled by the policy on an inference server: each token carries its behaviour logprob and the
+   * weight version that produced it, and the loss trains it.
+   *
+   * @generated from enum value: SEGMENT_KIND_MODEL = 1;
+   */
+  MODEL = 1,
+
+  /**
+   * Not sampled by the policy: an environment's or a tool's reply, chat-template scaffolding, a
+   * token the episode loop added. Attended to as context; no logprob, no version, no loss.
+   *
+   * @generated from enum value: SEGMENT_KIND_CONTEXT = 2;
+   */
+  CONTEXT = 2,
+}
+
+/**
+ * Describes the enum pipelinerl.common.v1.SegmentKind.
+ */
+export const SegmentKindSchema: GenEnum<SegmentKind> = /*@__PURE__*/
+  enumDesc(file_pipelinerl_common_v1_common, 1);
+
+/**
  * Element type of a tensor.
  *
  * @generated from enum pipelinerl.common.v1.DType
@@ -508,7 +603,7 @@ export enum DType {
  * Describes the enum pipelinerl.common.v1.DType.
  */
 export const DTypeSchema: GenEnum<DType> = /*@__PURE__*/
-  enumDesc(file_pipelinerl_common_v1_common, 1);
+  enumDesc(file_pipelinerl_common_v1_common, 2);
 
 /**
  * Checksum algorithm of a bucket or chunk.
@@ -542,5 +637,5 @@ export enum ChecksumAlgorithm {
  * Describes the enum pipelinerl.common.v1.ChecksumAlgorithm.
  */
 export const ChecksumAlgorithmSchema: GenEnum<ChecksumAlgorithm> = /*@__PURE__*/
-  enumDesc(file_pipelinerl_common_v1_common, 2);
+  enumDesc(file_pipelinerl_common_v1_common, 3);
 
