@@ -5,9 +5,18 @@
         prompt_ids        p p p _        (one row per distinct prompt, right-padded)
         prompt_mask       1 1 1 0
         completion_ids    c c c _ _      (one row per sample, right-padded)
-        completion_mask   1 1 1 0 0
+        completion_mask   1 1 1 0 0      (attended to)
+        loss_mask         1 1 1 0 0      (trained: the model's tokens)
         row_prompt        the prompt row of each completion row
-        behaviour_logprobs, advantages: per completion token, 0 on padding
+        behaviour_logprobs, advantages: per completion token, 0 on padding and context tokens
+
+A segmented (multi-turn) sample is one row too: its completion holds the model's turns and the
+context between them (tool results, observations), attended to as one causal sequence; only its
+model tokens are in `loss_mask` and carry behaviour logprobs.
+
+        completion_ids    m m c c c m m _      (m: sampled by the model, c: context)
+        completion_mask   1 1 1 1 1 1 1 0
+        loss_mask         1 1 0 0 0 1 1 0
 
 A group's attempts share their prompt, so the learner runs the prompt once and its completions
 on the prompt's key/value cache (see `completion_logits` in learner.py): on short answers to
@@ -48,10 +57,14 @@ class MicroBatch:
     """[rows]: the index of each row's prompt in `prompt_ids`."""
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
-    """Bool: True on completion tokens (the ones the loss trains), False on padding."""
+    """Bool: True on completion tokens (attended to), False on padding."""
+    loss_mask: torch.Tensor
+    """Bool: True on the tokens the loss trains, the model's: every completion token of a
+    single-turn sample, the model segments' of a segmented one."""
     behaviour_logprobs: torch.Tensor
+    """At model tokens; 0 elsewhere."""
     advantages: torch.Tensor
-    """The sample's advantage, repeated on each of its completion tokens."""
+    """The sample's advantage, repeated on each of its model tokens."""
     sample_ids: tuple[str, ...]
 
     @property
@@ -96,7 +109,7 @@ def plan_step(
     """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`)."""
     groups = pack(samples, token_budget, overhead_tokens=overhead_tokens)
     totals = StepTotals(
-        samples=len(samples), completion_tokens=sum(len(sample.completion) for sample in samples)
+        samples=len(samples), completion_tokens=sum(sample.model_tokens for sample in samples)
     )
     return StepPlan([collate(group, advantages, pad_token_id) for group in groups], totals)
 
@@ -203,16 +216,21 @@ def collate(samples: Sequence[Sample], advantages: Mapping[str, float], pad_toke
     prompt_ids, prompt_mask = _right_padded(list(prompt_rows), pad_token_id)
     completion_ids, completion_mask = _right_padded([s.completion.token_ids for s in samples], pad_token_id)
     width = completion_ids.shape[1]
-    logprobs = [s.completion.logprobs for s in samples]
+    logprobs = [_at_model_tokens(s, s.completion.logprobs, 0.0) for s in samples]
     behaviour_logprobs = torch.tensor(_padded(logprobs, 0.0, width), dtype=torch.float32)
-    per_token = [[advantages[s.sample_id]] * len(s.completion) for s in samples]
+    per_token = [_at_model_tokens(s, [advantages[s.sample_id]] * s.model_tokens, 0.0) for s in samples]
     token_advantages = torch.tensor(_padded(per_token, 0.0, width), dtype=torch.float32)
+    attended = completion_mask.bool()
+    loss_mask = attended  # every completion token is the model's, unless a sample has segments
+    if any(s.segments for s in samples):
+        loss_mask = torch.tensor(_padded([s.model_mask() for s in samples], False, width), dtype=torch.bool)
     return MicroBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         row_prompt=torch.tensor(row_prompt, dtype=torch.long),
         completion_ids=completion_ids,
-        completion_mask=completion_mask.bool(),
+        completion_mask=attended,
+        loss_mask=loss_mask,
         behaviour_logprobs=behaviour_logprobs,
         advantages=token_advantages,
         sample_ids=tuple(sample.sample_id for sample in samples),
@@ -231,6 +249,15 @@ def _padded(rows: Sequence[Sequence[T]], value: T, width: int) -> list[list[T]]:
     """Each row filled up to `width` with `value`, as lists that become one tensor in one call (a
     tensor per row cost 2 ms of a copy step's 128 rows)."""
     return [[*row, *[value] * (width - len(row))] for row in rows]
+
+
+def _at_model_tokens(sample: Sample, values: list[float], fill: float) -> list[float]:
+    """`values`, one per model token, spread over the sample's completion positions with `fill` at
+    its context tokens."""
+    if not sample.segments:
+        return values
+    spread = iter(values)
+    return [next(spread) if model else fill for model in sample.model_mask()]
 
 
 def _length(sample: Sample) -> int:

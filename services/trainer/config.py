@@ -43,7 +43,7 @@ class PolicyLossKind(enum.StrEnum):
 
 class TokenWeighting(enum.StrEnum):
     TOKEN = "token"
-    """Mean over every completion token of the optimizer step: long sequences weigh more."""
+    """Mean over every model token of the optimizer step: long sequences weigh more."""
     SEQUENCE = "sequence"
     """Mean over each sequence's tokens, then mean over sequences: every sequence weighs the same."""
     SAMPLE_COUNT = "sample_count"

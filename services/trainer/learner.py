@@ -6,9 +6,10 @@
       ├─► plan_step ─► micro-batches within the token budget, StepTotals of the whole step
       │     for each micro-batch:
       │       forward: each distinct prompt once, then the completions on its key/value cache
+      │         (a segmented sample's context tokens too: one causal sequence)
       │         ─► logits / temperature ─► float32 logprob of each completion token, entropy
       │       (reference model, no grad) ─► reference logprobs, when KL is on
-      │       policy_loss(normalised by StepTotals) ─► backward: gradients accumulate
+      │       policy_loss over model tokens (normalised by StepTotals) ─► backward: gradients accumulate
       ├─► clip grad norm ─► AdamW step            (the caller turns this into version + 1;
       │                                             skipped when the loss or the norm is not finite)
       └─► StepMetrics: reward, advantage, loss, grad norm, clip fraction, ESS, KL, entropy, lag, timing
@@ -83,10 +84,11 @@ class StepMetrics:
     """Mean k3 KL to the reference model; None without one."""
     entropy: float | None
     lag_histogram: dict[int, int]
-    """current_version minus the token's version -> number of completion tokens."""
+    """current_version minus the token's version -> number of model tokens."""
     tokens: int
-    """Prompt and completion tokens trained on."""
+    """Prompt and completion tokens trained on (context tokens included: they are run)."""
     completion_tokens: int
+    """Model tokens trained on: what the loss sees."""
     micro_batches: int
     tokens_per_s: float
     prepare_s: float
@@ -248,7 +250,7 @@ class TorchLearner:
             logprobs=gather_logprobs(logits, batch.completion_ids),
             behaviour_logprobs=batch.behaviour_logprobs,
             advantages=batch.advantages,
-            mask=batch.completion_mask,
+            mask=batch.loss_mask,
             reference_logprobs=reference,
             entropy=entropy,
         )
@@ -397,7 +399,7 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, int]:
-    """How many completion tokens were generated how many versions ago."""
+    """How many model tokens were generated how many versions ago (only they carry versions)."""
     counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
     return dict(sorted(counts.items()))
 

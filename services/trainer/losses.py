@@ -1,8 +1,9 @@
 """Per-token policy-gradient losses: truncated IS REINFORCE, PPO-clip and GSPO, plus KL and entropy terms.
 
 Every tensor is [sequences, positions], aligned on *predicted* tokens: position t holds the current
-and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a completion
-token (the learner passes completion positions only; padding is False and contributes nothing).
+and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a model
+token (the learner passes completion positions only; padding, and the context tokens of a segmented
+sample, are False and contribute nothing: no loss, no ratio, no KL, no entropy, no statistics).
 
     current logprobs ─┐
     behaviour logprobs┼─► ratio = exp(clamp(cur - behaviour)) ─► objective per kind ─┐
@@ -31,7 +32,8 @@ class StepTotals:
     samples: int
     """Sequences in the step."""
     completion_tokens: int
-    """Completion tokens in the step."""
+    """Model tokens in the step, the ones the loss trains: every completion token of a single-turn
+    sample, the model segments' of a segmented one."""
 
 
 @dataclass
@@ -44,7 +46,7 @@ class LossInputs:
     """Logprobs under the weights that generated the tokens (from the inference server)."""
     advantages: torch.Tensor
     mask: torch.Tensor
-    """Bool: True on completion tokens."""
+    """Bool: True on model tokens (the ones trained)."""
     reference_logprobs: torch.Tensor | None = None
     """Frozen reference model's logprobs; needed when `kl_coef > 0`, reported as KL when given."""
     entropy: torch.Tensor | None = None
@@ -54,7 +56,7 @@ class LossInputs:
 
 @dataclass
 class LossStats:
-    """Sums over completion tokens; add the stats of micro-batches, then read the properties."""
+    """Sums over model tokens; add the stats of micro-batches, then read the properties."""
 
     tokens: int = 0
     loss: float = 0.0

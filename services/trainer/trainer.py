@@ -248,6 +248,7 @@ class Trainer:
     def _hold(self, group: _Group, sample: Sample, on_ack: AckSink) -> None:
         """A valid sample: dropped for lag, or buffered in its group until a step trains it."""
         self._freshest = max(self._freshest, max(sample.completion.versions))
+        # Versions are the model tokens' only, so a multi-turn sample is judged at its oldest turn.
         lag = self.lag(min(sample.completion.versions), self.version)
         if lag > self.settings.max_lag and self.settings.lag_policy is LagPolicy.DROP:
             self._counts["dropped"] += 1

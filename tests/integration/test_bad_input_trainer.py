@@ -68,6 +68,26 @@ def sample(
     )  # type: ignore[arg-type]
 
 
+MODEL_RUN, CONTEXT_RUN = common_pb2.SEGMENT_KIND_MODEL, common_pb2.SEGMENT_KIND_CONTEXT
+UNSPECIFIED_RUN = common_pb2.SEGMENT_KIND_UNSPECIFIED
+TWO_TURNS = ((MODEL_RUN, 1), (CONTEXT_RUN, 1), (MODEL_RUN, 1))
+
+
+def episode(
+    *runs: tuple[int, int], sample_id: str = "bad", version: int = 0, **fields: object
+) -> common_pb2.Sample:
+    """A multi-turn sample over completion tokens [8, 9, 10] in `runs` of (segment kind, tokens),
+    with a logprob and a version per model token unless `fields` say otherwise."""
+    model_tokens = sum(n for kind, n in runs if kind == MODEL_RUN)
+    values = {
+        "token_ids": [8, 9, 10],
+        "logprobs": [-0.5] * model_tokens,
+        "versions": [version] * model_tokens,
+    }
+    segments = [common_pb2.Segment(kind=kind, num_tokens=n) for kind, n in runs]  # type: ignore[arg-type]
+    return sample(sample_id, version=version, segments=segments, **{**values, **fields})
+
+
 def stub(channel: grpc.aio.Channel) -> trainer_pb2_grpc.TrainerServiceStub:
     return trainer_pb2_grpc.TrainerServiceStub(channel)
 
@@ -128,6 +148,23 @@ SAMPLE_CASES = [
     ("prompt token = vocab size", sample(prompt_token_ids=[VOCAB]), "prompt_token_ids"),
     ("prompt token int32 max", sample(prompt_token_ids=[INT32_MAX]), "prompt_token_ids"),
     ("longer than the context", sample(prompt_token_ids=[5] * (CONTEXT - 1)), ""),
+    # Segmented (multi-turn) samples: logprobs and versions for model tokens only.
+    ("segments short of the completion", episode((MODEL_RUN, 1), (CONTEXT_RUN, 1)), "segments"),
+    ("segment past the completion", episode((MODEL_RUN, 1), (CONTEXT_RUN, 3)), "segments[1].num_tokens"),
+    ("segment of no tokens", episode((MODEL_RUN, 1), (CONTEXT_RUN, 0), (CONTEXT_RUN, 2)), "segments[1]."),
+    ("segment of -1 tokens", episode((MODEL_RUN, 2), (CONTEXT_RUN, -1), (MODEL_RUN, 2)), "segments[1]."),
+    ("segment kind unspecified", episode((MODEL_RUN, 1), (UNSPECIFIED_RUN, 2)), "segments[1].kind"),
+    ("segment kind unknown", episode((MODEL_RUN, 1), (7, 2)), "segments[1].kind"),
+    ("no model segment", episode((CONTEXT_RUN, 3)), "segments"),
+    ("model segment without logprobs", episode(*TWO_TURNS, logprobs=[-0.5]), "completion.logprobs"),
+    ("context segment with versions", episode(*TWO_TURNS, versions=[0] * 3), "completion.versions"),
+    ("context segment with logprobs", episode(*TWO_TURNS, logprobs=[-0.5] * 3), "completion.logprobs"),
+    ("context token = vocab size", episode(*TWO_TURNS, token_ids=[8, 9, VOCAB]), "completion.token_ids"),
+    (
+        "segmented, too long",
+        episode((MODEL_RUN, 1), (CONTEXT_RUN, CONTEXT), token_ids=[8] * (CONTEXT + 1)),
+        "",
+    ),
 ]
 
 
@@ -147,6 +184,20 @@ async def test_bad_sample_is_rejected_naming_its_field(
     assert detail.Unpack(bad_request)
     # Any field of the sample for a sample too long; `[i]` may follow a repeated field's name.
     assert bad_request.field_violations[0].field.startswith(f"samples[0].{field}".rstrip(".")), ack
+
+
+async def test_a_multi_turn_group_trains(trainer: Harness) -> None:
+    v = await version(trainer.channel)
+    group = [
+        episode(*TWO_TURNS, sample_id=f"turns-{i}", version=v, reward=i, group_id="turns", group_size=2)
+        for i in range(2)
+    ]
+    try:
+        acks = await submit(trainer.channel, *group)
+        assert [a.disposition for a in acks.values()] == [pb.DISPOSITION_TRAINED] * 2, acks
+        assert await version(trainer.channel) == v + 1
+    finally:
+        await trainer.still_serving()
 
 
 async def test_a_rejected_sample_does_not_hold_back_its_group(trainer: Harness) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from pipelinerl.common.channel import free_port
 from pipelinerl.common.model import build_preset
+from pipelinerl.common.types import Sample, Segment, SegmentKind
 from pipelinerl.trainer.checkpoint import read_trainer_state
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.learner import TorchLearner
@@ -45,6 +47,23 @@ def batches_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("zero") / "batches.pt"
     torch.save(steps, path)
     return path
+
+
+def with_tool_replies(samples: list[Sample]) -> list[Sample]:
+    """Each sample as an episode: its completion split after the second token by a tool's reply of
+    three context tokens (which carry no logprob or version), the rest a second model turn."""
+    episodes = []
+    for i, sample in enumerate(samples):
+        ids, head = sample.completion.token_ids, 2
+        reply = [30 + i % 5, 31, 32]
+        completion = replace(sample.completion, token_ids=[*ids[:head], *reply, *ids[head:]])
+        segments = (
+            Segment(SegmentKind.MODEL, head),
+            Segment(SegmentKind.CONTEXT, len(reply)),
+            Segment(SegmentKind.MODEL, len(ids) - head),
+        )
+        episodes.append(replace(sample, completion=completion, segments=segments))
+    return episodes
 
 
 def run_ranks(stage: int, samples: Path, out: Path, *flags: str) -> dict[str, torch.Tensor]:
@@ -82,6 +101,16 @@ def test_zero_stage_steps_like_torch_and_checkpoints_full_weights(
     checkpoint = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
     assert max_difference({n: p.detach() for n, p in checkpoint.named_parameters()}, published) == 0
     assert read_trainer_state(tmp_path / "checkpoint").version == 2
+
+
+def test_zero3_steps_on_multi_turn_samples_like_torch(batches_file: Path, tmp_path: Path) -> None:
+    steps = [with_tool_replies(samples) for samples in torch.load(batches_file, weights_only=False)]
+    torch.save(steps, tmp_path / "episodes.pt")
+    published = run_ranks(3, tmp_path / "episodes.pt", tmp_path)
+    expected = torch_weights(steps)
+    initial = {n: p.detach() for n, p in build_preset("tiny", seed=0).model.named_parameters()}
+    assert max_difference(expected, initial) > 1e-3
+    assert max_difference(published, expected) < 1e-4
 
 
 def test_zero3_resume_restores_optimizer_state(batches_file: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ with its importance weight truncated, or makes the trainer wait for fresh data."
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import LagPolicy, LearnerConfig, TrainerSettings
 from pipelinerl.trainer.types import Disposition
-from tests.integration.test_trainer_loop import Stream, batches, final, group
+from tests.integration.test_trainer_loop import Stream, batches, episode_group, final, group
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +73,32 @@ async def test_wait_holds_the_next_step_until_generation_catches_up(tmp_path: Pa
             await stream.close()
     finally:
         await server.stop(grace=1)
+
+
+async def test_an_episodes_lag_is_that_of_its_oldest_model_token(tmp_path: Path) -> None:
+    server = await build(settings(tmp_path, LagPolicy.DROP, max_lag=1))
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            for name, version in (("a", 0), ("b", 1)):
+                acks = [a async for a in client.submit(batches(group(name, version, [0, 1])))]
+                assert set(final(acks).values()) == {Disposition.TRAINED}
+            # Version 2 now. Both groups end with a turn of version 2; the first turns differ.
+            stale, fresh = (
+                episode_group("stale", 2, [0, 1], first_turn=0),
+                episode_group("fresh", 2, [0, 1], 1),
+            )
+            acks = [a async for a in client.submit(batches(stale, fresh))]
+            assert final(acks) == {
+                **dict.fromkeys(["stale-0", "stale-1"], Disposition.DROPPED),  # 2 versions old: over 1
+                **dict.fromkeys(["fresh-0", "fresh-1"], Disposition.TRAINED),
+            }
+            assert (await client.status()).dropped_samples == 2
+    finally:
+        await server.stop(grace=1)
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    # Two model tokens of each turn per sample; the three context tokens carry no version.
+    assert last["lag_histogram"] == {"1": 4, "0": 4} and last["completion_tokens"] == 8
 
 
 def test_wait_needs_a_positive_max_lag() -> None:

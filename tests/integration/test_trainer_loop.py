@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipelinerl.common.channel import free_port
-from pipelinerl.common.types import Sample, TokenSequence
+from pipelinerl.common.types import Sample, Segment, SegmentKind, TokenSequence
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import LearnerConfig, TrainerSettings
@@ -34,6 +34,22 @@ def group(group_id: str, version: int, rewards: Sequence[float]) -> list[Sample]
         Sample(f"{group_id}-{i}", group_id, [1, 10, 11], tokens(i, version), reward, group_size=size)
         for i, reward in enumerate(rewards)
     ]
+
+
+def episode_group(
+    group_id: str, version: int, rewards: Sequence[float], first_turn: int | None = None
+) -> list[Sample]:
+    """Multi-turn samples: a model turn (of `first_turn`'s version, `version` by default), a tool's
+    reply (context), a model turn of `version`."""
+    size, first = len(rewards), version if first_turn is None else first_turn
+    segments = (Segment(SegmentKind.MODEL, 2), Segment(SegmentKind.CONTEXT, 3), Segment(SegmentKind.MODEL, 2))
+    logprobs, versions = [-1.0, -1.5, -0.5, -2.0], [first, first, version, version]  # model tokens only
+    return [
+        Sample(f"{group_id}-{i}", group_id, [1, 10, 11],
+               TokenSequence([12 + i, 13, 40, 41, 42, 14, 15 + i], logprobs, versions), reward,
+               group_size=size, segments=segments)
+        for i, reward in enumerate(rewards)
+    ]  # fmt: skip
 
 
 async def batches(*groups: list[Sample]) -> AsyncIterator[list[Sample]]:
@@ -155,8 +171,9 @@ async def test_a_sample_resent_while_held_is_trained_once_and_acked_on_the_new_s
     assert metrics["samples"] == 4
 
 
+@pytest.mark.parametrize("make_group", [group, episode_group], ids=["single-turn", "multi-turn"])
 async def test_trainer_killed_after_a_checkpoint_resumes_its_version_and_trains_nothing_twice(
-    tmp_path: Path,
+    tmp_path: Path, make_group: Callable[[str, int, Sequence[float]], list[Sample]]
 ) -> None:
     port = free_port()
     config = tmp_path / "trainer.yaml"
@@ -170,14 +187,15 @@ async def test_trainer_killed_after_a_checkpoint_resumes_its_version_and_trains_
     proc = await start_trainer(command, address)
     try:
         async with TrainerClient(address) as client:
-            acks = [a async for a in client.submit(batches(group("a", 0, [0, 1]), group("b", 0, [0, 1])))]
+            first = batches(make_group("a", 0, [0, 1]), make_group("b", 0, [0, 1]))
+            acks = [a async for a in client.submit(first)]
             assert final(acks) == dict.fromkeys(["a-0", "a-1", "b-0", "b-1"], Disposition.TRAINED)
             # TRAINED is acked before the checkpoint of that version is written; wait for it.
             async with asyncio.timeout(30):
                 while not (tmp_path / "ckpt" / "latest").exists():
                     await asyncio.sleep(0.05)
             stream = Stream(client)
-            await stream.send(group("c", 1, [0, 1]))  # accepted, waiting for a full step: lost
+            await stream.send(make_group("c", 1, [0, 1]))  # accepted, waiting for a full step: lost
             async with asyncio.timeout(10):
                 while len(stream.acks) < 2:
                     await asyncio.sleep(0.02)
@@ -191,8 +209,10 @@ async def test_trainer_killed_after_a_checkpoint_resumes_its_version_and_trains_
     try:
         async with TrainerClient(address) as client:
             assert (await client.status()).version.version == 1
-            acks = [a async for a in client.submit(batches(group("a", 1, [0, 1]), group("c", 1, [0, 1]),
-                                                           group("d", 1, [0, 1])))]  # fmt: skip
+            resent = batches(
+                make_group("a", 1, [0, 1]), make_group("c", 1, [0, 1]), make_group("d", 1, [0, 1])
+            )
+            acks = [a async for a in client.submit(resent)]
             assert final(acks) == {
                 "a-0": Disposition.DUPLICATE, "a-1": Disposition.DUPLICATE,
                 "c-0": Disposition.TRAINED, "c-1": Disposition.TRAINED,
