@@ -31,6 +31,7 @@ from tests.integration.hostile import (
     UNIMPLEMENTED,
     Harness,
     code_of,
+    code_of_cut_call,
     harness,
     raw_unary,
 )
@@ -192,6 +193,13 @@ async def test_bad_token(environment: Harness, method: str, auth: str) -> None:
     data = pb.StartEpisodeRequest(episode_id="x").SerializeToString() if method == "StartEpisode" else b""
     code = raw_unary(environment.channel, SERVICE + method, data, AUTH_CASES[auth])
     await environment.expect(code, UNAUTHENTICATED)
+
+
+@pytest.mark.parametrize(
+    "method", ["DescribeEnvironment", "StartEpisode", "StepEpisode", "EndEpisode", "GetStatus"]
+)
+async def test_request_cut_by_end_of_stream_is_invalid(environment: Harness, method: str) -> None:
+    await environment.expect(code_of_cut_call(environment.service.port, SERVICE + method), INVALID)
 
 
 async def test_oversize_message_is_resource_exhausted(environment: Harness) -> None:
