@@ -41,7 +41,7 @@ from pipelinerl.coordinator.types import Mode, Progress, RunSpec, ServerVersion
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.reward.types import ScoreItem
 from pipelinerl.trainer.advantages import all_equal
-from pipelinerl.trainer.types import Disposition
+from pipelinerl.trainer.types import Disposition, SampleAck
 
 log = get_logger(__name__)
 
@@ -151,7 +151,7 @@ class RunLoop:
         if resumed:
             log.info("resuming groups from the journal", groups=len(resumed))
         trained = [(g, a) for g in resumed for a in g.attempts if a.state == "trained"]
-        self._submitter.keep([_sample(g, a, len(g.attempts)) for g, a in trained])
+        self._submitter.keep([_sample(g, a, len(g.attempts)) for g, a in trained], self._retracted)
         tasks = {asyncio.create_task(self._run_group(group)) for group in resumed}
         self._in_flight += sum(len(g.attempts) for g in resumed)
         self._groups += len(resumed)
@@ -338,7 +338,7 @@ class RunLoop:
         if not attempts:
             return
         samples = [_sample(group, a, len(attempts)) for a in attempts]
-        futures = self._submitter.send(samples)
+        futures = self._submitter.send(samples, self._retracted)
         self._groups_at_trainer += 1
         self._maybe_flush()  # after the samples: the trainer reads its stream in order
         try:
@@ -357,6 +357,13 @@ class RunLoop:
             elif ack.disposition is Disposition.DROPPED:
                 self._counts.dropped += 1
         self._trained_at.append((time.monotonic(), self._counts.trained))
+
+    def _retracted(self, ack: SampleAck) -> None:
+        """A sample counted trained whose step was lost with the trainer, and whose resend ended
+        otherwise (dropped for lag): the journal holds it so, and so must the run's counts."""
+        self._counts.trained -= 1
+        if ack.disposition is Disposition.DROPPED:
+            self._counts.dropped += 1
 
 
 def _sample(group: GroupRecord, attempt: AttemptRecord, group_size: int) -> Sample:

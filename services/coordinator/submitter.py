@@ -6,7 +6,9 @@ journal's record of what the trainer did with each sample.
                         durable_version ≥ a kept sample's version ──► journal `acked` (final)
 
 `send(samples)` gives a future per sample, done on its first final ack. A trained sample stays kept
-until the trainer's `durable_version` covers its step. If the stream breaks (the trainer
+until the trainer's `durable_version` covers its step; if its resend ends otherwise (the step was
+lost with the trainer and the restarted one drops it for lag), `on_retracted` is told, so that
+whoever counted it trained counts it again. If the stream breaks (the trainer
 restarts), it is reopened and every sample not final, or trained but not durable, is sent again:
 a trainer that still has it acks DUPLICATE, one restarted from an older checkpoint trains it
 again, and no durable version counts for it until one of those answers. Either way its gradient
@@ -41,6 +43,9 @@ RECONNECT_S = 1.0
 _TRAINED = (Disposition.TRAINED, Disposition.DUPLICATE)
 _NOT_YET = 2**62  # the version of a kept sample resent, until the trainer answers for it
 
+OnRetracted = Callable[[SampleAck], None]
+"""Told of a sample acked trained whose resend then ended otherwise, with that final ack."""
+
 
 class TrainerSubmitter:
     def __init__(
@@ -53,6 +58,8 @@ class TrainerSubmitter:
         self._waiting: dict[str, tuple[Sample, asyncio.Future[SampleAck]]] = {}
         self._kept: dict[str, tuple[Sample, int]] = {}
         """Trained, not yet durable: sample id -> (sample, version of its step)."""
+        self._on_retracted: dict[str, OnRetracted] = {}
+        """Waiting or kept: sample id -> whom to tell if it is acked trained, then final otherwise."""
         self._fresh: list[str] = []
         """Kept since the last response: the ones a durable version that did not move may cover."""
         self._answered = asyncio.Event()
@@ -75,7 +82,9 @@ class TrainerSubmitter:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def send(self, samples: Sequence[Sample]) -> dict[str, asyncio.Future[SampleAck]]:
+    def send(
+        self, samples: Sequence[Sample], on_retracted: OnRetracted | None = None
+    ) -> dict[str, asyncio.Future[SampleAck]]:
         """Queue samples for the trainer; each future is done on the sample's first final ack."""
         loop = asyncio.get_running_loop()
         futures = {}
@@ -83,15 +92,19 @@ class TrainerSubmitter:
             future: asyncio.Future[SampleAck] = loop.create_future()
             self._waiting[sample.sample_id] = (sample, future)
             futures[sample.sample_id] = future
+            if on_retracted is not None:
+                self._on_retracted[sample.sample_id] = on_retracted
         self._queue.put_nowait(list(samples))
         return futures
 
-    def keep(self, trained: Sequence[Sample]) -> None:
+    def keep(self, trained: Sequence[Sample], on_retracted: OnRetracted | None = None) -> None:
         """Samples the journal holds as trained but not durable (a resumed run): resend them. As on
         every resend, no durable version counts for one until the trainer has answered for it."""
         for sample in trained:
             self._kept[sample.sample_id] = (sample, _NOT_YET)
             self._resent.add(sample.sample_id)
+            if on_retracted is not None:
+                self._on_retracted[sample.sample_id] = on_retracted
         self._queue_by_group(trained)
         self._report()
 
@@ -144,6 +157,7 @@ class TrainerSubmitter:
         trained: list[tuple[str, int]] = []
         final: list[tuple[str, str, int]] = []
         done: list[tuple[asyncio.Future[SampleAck], SampleAck]] = []
+        retracted: list[tuple[OnRetracted, SampleAck]] = []
         for ack in acks:
             self.latest_version = max(self.latest_version, ack.version)
             if not ack.disposition.final:
@@ -160,12 +174,17 @@ class TrainerSubmitter:
                 self._fresh.append(ack.sample_id)
             else:
                 final.append((ack.sample_id, ack.disposition.value, ack.version))
+                on_retracted = self._on_retracted.pop(ack.sample_id, None)
+                if kept is not None and on_retracted is not None:
+                    retracted.append((on_retracted, ack))
             if waiting is not None and not waiting[1].done():
                 done.append((waiting[1], ack))
         if trained or final:
             self._journal.mark_acks(trained, final)
         for future, ack in done:
             future.set_result(ack)
+        for on_retracted, ack in retracted:
+            on_retracted(ack)
 
     def _on_durable(self, durable: int) -> None:
         """Make final the kept samples a checkpoint now covers: all of them when the durable version
@@ -184,6 +203,7 @@ class TrainerSubmitter:
             self._journal.mark_durable(done)
             for sample_id in done:
                 del self._kept[sample_id]
+                self._on_retracted.pop(sample_id, None)
         self._answered.set()
 
     def _requeue(self) -> None:

@@ -66,7 +66,9 @@ class FakeTrainer:
         self.held: list[tuple[Sample, asyncio.Future[SampleAck]]] = []
         self.lags: dict[str, int] = {}
 
-    def send(self, samples: Sequence[Sample]) -> dict[str, asyncio.Future[SampleAck]]:
+    def send(
+        self, samples: Sequence[Sample], on_retracted: object = None
+    ) -> dict[str, asyncio.Future[SampleAck]]:
         futures = {}
         for sample in samples:
             self.events.log.append(("sent", sample.sample_id))
@@ -90,7 +92,7 @@ class FakeTrainer:
         for sample, future in step:
             future.set_result(SampleAck(sample.sample_id, Disposition.TRAINED, self.version))
 
-    def keep(self, trained: object) -> None:
+    def keep(self, trained: object, on_retracted: object = None) -> None:
         pass
 
     async def settle(self) -> None:

@@ -51,7 +51,9 @@ class FakeTrainer:
 
     latest_version = 0
 
-    def send(self, samples: Sequence[Sample]) -> dict[str, asyncio.Future[SampleAck]]:
+    def send(
+        self, samples: Sequence[Sample], on_retracted: object = None
+    ) -> dict[str, asyncio.Future[SampleAck]]:
         futures = {}
         for sample in samples:
             futures[sample.sample_id] = future = asyncio.get_running_loop().create_future()
@@ -61,7 +63,7 @@ class FakeTrainer:
     def flush(self, checkpoint: bool = False) -> None:
         pass
 
-    def keep(self, trained: object) -> None:
+    def keep(self, trained: object, on_retracted: object = None) -> None:
         pass
 
     async def settle(self) -> None:
