@@ -20,17 +20,18 @@ stopped, and fails, past `--limit-s`. The supervisor may restart a service 30 ti
 here, not 5: the soak kills services faster than the default expects a real one to die.
 
 Ends with one JSON line: `seed`; `budget` (attempts); `state` (the chaos run's end: `completed`);
-`duration_s` (the chaos run's wall time, StartRun to its end); `faults` (by kind), `faulted` (by
-service); `restarts` (by service, the supervisor's: a freeze past its patience is one);
-`samples_per_s` (trained over `duration_s`); `quiet_samples_per_s` (trained over the quiet run's time
-at its last report before its stop) and `quiet_s`; `ratio` (the first over the second);
-`time_lost_s` (`duration_s` minus the quiet run's time for as many trained samples: what the faults
-cost); `stalled_s` (the chaos run's seconds in stretches of at least 5 s with no newly trained
-sample); `trained_exactly_once` and `dispositions` (attempts per final disposition), or
-`evidence_error`; `leaked_processes` (command lines of the run's processes, and their descendants,
-still alive 15 s after the run) and `leaked_ports` (service and proxy ports still listened on);
-`load_average` (at the start and the end: the machine is shared) and `cores`. The quiet figures are
-null with `--samples`. Exits 1 unless the run completed, exactly once, with nothing leaked.
+`duration_s` (the chaos run's wall time, StartRun to its end); `trained` (the run's own count, which
+must equal the journal's); `faults` (by kind), `faulted` (by service); `restarts` (by service, the
+supervisor's: a freeze past its patience is one); `samples_per_s` (trained over `duration_s`);
+`quiet_samples_per_s` (trained over the quiet run's time at its last report before its stop) and
+`quiet_s`; `ratio` (the first over the second); `time_lost_s` (`duration_s` minus the quiet run's
+time for as many trained samples: what the faults cost); `stalled_s` (the chaos run's seconds in
+stretches of at least 5 s with no newly trained sample); `trained_exactly_once` and `dispositions`
+(attempts per final disposition), or `evidence_error`; `leaked_processes` (command lines of the
+run's processes, and their descendants, still alive 15 s after the run) and `leaked_ports` (service
+and proxy ports still listened on); `load_average` (at the start and the end: the machine is shared)
+and `cores`. The quiet figures are null with `--samples`. Exits 1 unless the run completed, exactly
+once, counted right, with nothing leaked.
 """
 
 from __future__ import annotations
@@ -276,6 +277,7 @@ def passed(figures: dict[str, Any]) -> bool:
     return (
         figures["state"] == RunState.COMPLETED.value
         and figures["trained_exactly_once"]
+        and figures["trained"] == figures["dispositions"]["trained"]
         and not figures["leaked_processes"]
         and not figures["leaked_ports"]
     )

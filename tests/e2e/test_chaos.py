@@ -27,6 +27,7 @@ def test_a_short_chaos_soak_completes_with_every_sample_trained_once(
     assert code == 0, figures
     assert figures["state"] == "completed", figures
     assert figures["trained_exactly_once"], figures
+    assert figures["trained"] == figures["dispositions"]["trained"], figures  # the run counted right
     assert set(figures["dispositions"]) <= {"trained", "dropped"}, figures
     assert figures["dispositions"]["trained"] >= BUDGET * 0.8, figures
     assert figures["leaked_processes"] == [] and figures["leaked_ports"] == [], figures
