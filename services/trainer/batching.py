@@ -25,6 +25,11 @@ prompts of their own length that is nearly half of a step's tokens.
 Every per-token tensor is aligned with `completion_ids`: position t describes completion token t,
 which the learner predicts from the prompt's last position (t = 0) or from completion token t - 1.
 
+With packing (the learner's default, `LearnerConfig.packing`), a micro-batch also carries a
+`PackedLayout` (packing.py): the same rows run as one unpadded row of tokens, each prompt once, and
+the micro-batches are cut by real tokens instead of padded ones (`pack_by_tokens`). The per-token
+tensors above keep their padded [rows, completion positions] shape, so the losses read both alike.
+
 The step's gradient is accumulated over the micro-batches; `StepTotals` carries the counts of the
 whole step so each micro-batch's loss is normalised as if the step were one batch.
 """
@@ -41,6 +46,7 @@ import torch
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.types import Sample
 from pipelinerl.trainer.losses import StepTotals
+from pipelinerl.trainer.packing import PackedLayout, pack_by_tokens, packed_layout
 
 T = TypeVar("T", int, float)
 
@@ -66,6 +72,8 @@ class MicroBatch:
     advantages: torch.Tensor
     """The sample's advantage, repeated on each of its model tokens."""
     sample_ids: tuple[str, ...]
+    packed: PackedLayout | None = None
+    """The rows as one unpadded row of tokens, when the step is packed; None runs them padded."""
 
     @property
     def prompt_lengths(self) -> torch.Tensor:
@@ -79,14 +87,19 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
+        """What the forward pass runs, padding included (packed: its real tokens)."""
+        if self.packed is not None:
+            return self.tokens
         return self.prompt_ids.numel() + self.completion_ids.numel()
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {
+        moved: dict[str, object] = {
             f.name: getattr(self, f.name).to(device)
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
+        if self.packed is not None:
+            moved["packed"] = self.packed.to(device)
         return replace(self, **moved)
 
 
@@ -105,13 +118,19 @@ def plan_step(
     pad_token_id: int,
     *,
     overhead_tokens: int,
+    packed: bool = False,
 ) -> StepPlan:
-    """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`)."""
-    groups = pack(samples, token_budget, overhead_tokens=overhead_tokens)
+    """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`); with
+    `packed`, of at most `token_budget` real tokens, each with its packed row (`pack_by_tokens`)."""
+    if packed:
+        _check_budget(samples, token_budget)
+        groups = pack_by_tokens(samples, token_budget)
+    else:
+        groups = pack(samples, token_budget, overhead_tokens=overhead_tokens)
     totals = StepTotals(
         samples=len(samples), completion_tokens=sum(sample.model_tokens for sample in samples)
     )
-    return StepPlan([collate(group, advantages, pad_token_id) for group in groups], totals)
+    return StepPlan([collate(group, advantages, pad_token_id, packed=packed) for group in groups], totals)
 
 
 def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) -> list[list[Sample]]:
@@ -125,13 +144,7 @@ def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) 
     instead of padding every short row to its length; short answers of nearly one length stay in
     one micro-batch. Rows of one length that overflow the budget fill micro-batches in order.
     """
-    longest = max(samples, key=_length, default=None)
-    if longest is not None and _length(longest) > token_budget:
-        raise InvalidArgument.field(
-            "samples",
-            f"sample {longest.sample_id!r} has {_length(longest)} tokens, "
-            f"more than the micro-batch token budget of {token_budget}",
-        )
+    _check_budget(samples, token_budget)
     ordered = sorted(
         samples, key=lambda s: (len(s.completion), len(s.prompt_token_ids), s.prompt_token_ids), reverse=True
     )
@@ -142,6 +155,16 @@ def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) 
             if len(batches) == first or not batches[-1].add(sample, token_budget):
                 batches.append(_Packing(sample))
     return [batch.samples for batch in batches]
+
+
+def _check_budget(samples: Sequence[Sample], token_budget: int) -> None:
+    longest = max(samples, key=_length, default=None)
+    if longest is not None and _length(longest) > token_budget:
+        raise InvalidArgument.field(
+            "samples",
+            f"sample {longest.sample_id!r} has {_length(longest)} tokens, "
+            f"more than the micro-batch token budget of {token_budget}",
+        )
 
 
 def _cheapest_ranges(
@@ -209,8 +232,11 @@ def _padded_tokens(prompts: int, longest_prompt: int, rows: int, longest_complet
     return prompts * longest_prompt + rows * longest_completion
 
 
-def collate(samples: Sequence[Sample], advantages: Mapping[str, float], pad_token_id: int) -> MicroBatch:
-    """One micro-batch: each distinct prompt once, a completion row per sample, right-padded."""
+def collate(
+    samples: Sequence[Sample], advantages: Mapping[str, float], pad_token_id: int, *, packed: bool = False
+) -> MicroBatch:
+    """One micro-batch: each distinct prompt once, a completion row per sample, right-padded; with
+    `packed`, their packed row too."""
     prompt_rows: dict[tuple[int, ...], int] = {}
     row_prompt = [prompt_rows.setdefault(tuple(s.prompt_token_ids), len(prompt_rows)) for s in samples]
     prompt_ids, prompt_mask = _right_padded(list(prompt_rows), pad_token_id)
@@ -234,6 +260,7 @@ def collate(samples: Sequence[Sample], advantages: Mapping[str, float], pad_toke
         behaviour_logprobs=behaviour_logprobs,
         advantages=token_advantages,
         sample_ids=tuple(sample.sample_id for sample in samples),
+        packed=packed_layout(samples) if packed else None,
     )
 
 

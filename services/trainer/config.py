@@ -128,14 +128,22 @@ class LearnerConfig(BaseModel):
     """Clip the global gradient norm to this; None reports the norm without clipping."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    packing: bool = True
+    """Run each micro-batch as one row of its real tokens, no padding: each distinct prompt once,
+    each completion attending to its prompt and to itself (packing.py). False runs the padded
+    path: prompts right-padded, then completion rows right-padded on the prompts' key/value cache.
+    Both give the same loss, gradient and metrics (tests/unit/test_packing.py); packed is faster
+    wherever lengths differ (docs/benchmarks.md)."""
     micro_batch_tokens: int = Field(default=8192, ge=1)
-    """Token budget of one micro-batch, padding included: its distinct prompts × the longest prompt
+    """Token budget of one micro-batch. Packed: its real tokens, each distinct prompt once plus
+    every completion token. Padded: padding included, its distinct prompts × the longest prompt
     plus its rows × the longest completion (batching.py)."""
     micro_batch_overhead_tokens: int = Field(default=128, ge=0)
-    """What one more micro-batch costs, in padded tokens' worth of time: a step is split into more
-    micro-batches only where that saves more padding than this (batching.py). On CPU a forward and
-    backward pass costs about 100 tokens beyond its tokens (`tiny`); on a GPU, where a pass's fixed
-    cost is larger beside a token's, a larger value keeps fewer, fuller micro-batches."""
+    """Padded path only: what one more micro-batch costs, in padded tokens' worth of time: a step
+    is split into more micro-batches only where that saves more padding than this (batching.py).
+    On CPU a forward and backward pass costs about 100 tokens beyond its tokens (`tiny`); on a GPU,
+    where a pass's fixed cost is larger beside a token's, a larger value keeps fewer, fuller
+    micro-batches. A packed step has no padding to trade against: it is cut only by the budget."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the rollouts. Training logits are divided by it so that current and
     behaviour logprobs describe the same distribution (the inference server reports logprobs after

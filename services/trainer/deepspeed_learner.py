@@ -171,12 +171,17 @@ class DeepSpeedLearner(TorchLearner):
         """Halve the token budget until every rank has a micro-batch of its own (when there are
         enough samples), so that the ranks share the work."""
         budget, overhead = self.config.micro_batch_tokens, self.config.micro_batch_overhead_tokens
-        plan = plan_step(trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead)
+        packed = self.config.packing
+        plan = plan_step(
+            trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead, packed=packed
+        )
         # Never below the longest sample, which would no longer fit a micro-batch.
         longest = max((len(s.prompt_token_ids) + len(s.completion) for s in trained), default=budget)
         while len(plan.micro_batches) < min(self.world_size, len(trained)) and budget > longest:
             budget = max(budget // 2, longest)
-            plan = plan_step(trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead)
+            plan = plan_step(
+                trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead, packed=packed
+            )
         return plan
 
     @property

@@ -5,7 +5,9 @@
       ├─► compute_advantages ─► zero-variance groups left out
       ├─► plan_step ─► micro-batches within the token budget, StepTotals of the whole step
       │     for each micro-batch:
-      │       forward: each distinct prompt once, then the completions on its key/value cache
+      │       forward, packed (default): one unpadded row, each distinct prompt once, each
+      │         completion attending to its prompt and itself (packing.py)
+      │       forward, padded: each distinct prompt once, then the completions on its key/value cache
       │         (a segmented sample's context tokens too: one causal sequence)
       │         ─► logits / temperature ─► float32 logprob of each completion token, entropy
       │       (reference model, no grad) ─► reference logprobs, when KL is on
@@ -49,6 +51,7 @@ from pipelinerl.trainer.checkpoint import (
 )
 from pipelinerl.trainer.config import LearnerConfig
 from pipelinerl.trainer.losses import LossInputs, LossStats, entropy_from_logits, policy_loss
+from pipelinerl.trainer.packing import packed_logits, use_packed_attention
 from pipelinerl.trainer.validation import SampleLimits, check_samples
 from pipelinerl.weights.buckets import TensorSource
 
@@ -147,9 +150,13 @@ class TorchLearner:
         self.config = config or LearnerConfig()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        if self.config.packing:
+            use_packed_attention(model)
         self.reference: PreTrainedModel | None = None
         if self.config.loss.needs_reference:
             self.reference = _frozen(copy.deepcopy(model) if reference is None else reference)
+            if self.config.packing:
+                use_packed_attention(self.reference)
         if self.config.gradient_checkpointing:
             _enable_activation_checkpointing(model)
         self._build_optimizer()
@@ -234,6 +241,8 @@ class TorchLearner:
         return stats
 
     def _loss_inputs(self, batch: MicroBatch) -> LossInputs:
+        if batch.packed is not None:
+            return self._packed_loss_inputs(batch)
         temperature = self.config.temperature
         # Activation checkpointing drops the key/value cache, so the prompt cannot be run apart.
         shared = not self.config.gradient_checkpointing
@@ -248,6 +257,29 @@ class TorchLearner:
                 reference = gather_logprobs(reference_logits, batch.completion_ids)
         return LossInputs(
             logprobs=gather_logprobs(logits, batch.completion_ids),
+            behaviour_logprobs=batch.behaviour_logprobs,
+            advantages=batch.advantages,
+            mask=batch.loss_mask,
+            reference_logprobs=reference,
+            entropy=entropy,
+        )
+
+    def _packed_loss_inputs(self, batch: MicroBatch) -> LossInputs:
+        """`_loss_inputs` of a packed micro-batch: logits only where a completion token is predicted,
+        logprobs and entropy there, then placed on the padded grid the loss reads."""
+        layout = batch.packed
+        assert layout is not None
+        targets = batch.completion_ids[batch.completion_mask]  # row-major, as layout.predicting
+        logits = packed_logits(self._forward_model, layout, self.config.temperature)
+        with torch.set_grad_enabled(self.config.loss.entropy_coef > 0):
+            entropy = layout.place(entropy_from_logits(logits))
+        reference = None
+        if self.reference is not None:
+            with torch.no_grad():
+                reference_logits = packed_logits(self.reference, layout, self.config.temperature)
+                reference = layout.place(gather_logprobs(reference_logits, targets))
+        return LossInputs(
+            logprobs=layout.place(gather_logprobs(logits, targets)),
             behaviour_logprobs=batch.behaviour_logprobs,
             advantages=batch.advantages,
             mask=batch.loss_mask,
@@ -275,6 +307,7 @@ class TorchLearner:
             self.config.micro_batch_tokens,
             self._pad_token_id,
             overhead_tokens=self.config.micro_batch_overhead_tokens,
+            packed=self.config.packing,
         )
 
     @property
