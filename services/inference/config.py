@@ -32,9 +32,16 @@ class EngineSettings(BaseModel):
     threads: int | None = Field(default=None, ge=1)
     """torch CPU threads for decoding; unset keeps torch's default."""
     max_running: int = Field(default=64, ge=1)
-    """Sequences decoded together; also the flow-control window advertised to clients."""
+    """Sequences decoded together."""
+    queue_ahead: int = Field(default=32, ge=0)
+    """Requests a client may send beyond `max_running` on a Generate stream (the window it is
+    advertised is the sum): they wait at the server and the engine starts one at its next step
+    after a row frees, instead of a round trip to the client and back later. Their tokens carry
+    the version that decodes them, so waiting adds no lag. 32 keeps 16 rows of 20 ms generations
+    busy through a 40 ms stall of the client on a busy host (`benchmarks/load.py`)."""
     max_queued: int = Field(default=1024, ge=0)
-    """Accepted requests waiting for a free row; beyond this a request is refused (built-in only)."""
+    """Built-in only: requests waiting for a free row, over every stream together; beyond this a
+    request is refused."""
     max_new_tokens: int = Field(default=4096, ge=1)
     """Largest `max_new_tokens` a request may ask for."""
     max_model_len: int | None = Field(default=None, ge=1)

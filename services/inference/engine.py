@@ -182,7 +182,8 @@ class InferenceEngine:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.settings.max_running, self.settings.max_new_tokens, self.max_model_len)
+        settings = self.settings
+        return Limits(settings.max_running, settings.max_new_tokens, self.max_model_len, settings.queue_ahead)
 
     def stats(self) -> SchedulerStats:
         """Safe from any thread."""

@@ -86,7 +86,7 @@ class _GenerateStream:
                 task.cancel()
 
     def _window(self) -> int:
-        return 0 if self._draining.is_set() else self._backend.limits.max_running
+        return 0 if self._draining.is_set() else self._backend.limits.window
 
     async def _read(self, requests: AsyncIterator[pb.GenerateRequest]) -> None:
         try:
@@ -143,8 +143,8 @@ class _GenerateStream:
             raise InvalidArgument.field(f"{where}.request_id", "already in flight on this stream")
         if self._draining.is_set():
             raise Unavailable("server is shutting down")
-        if len(self._tasks) >= self._backend.limits.max_running:
-            raise ResourceExhausted(f"more than {self._backend.limits.max_running} requests in flight")
+        if len(self._tasks) >= self._backend.limits.window:
+            raise ResourceExhausted(f"more than {self._backend.limits.window} requests in flight")
         if bool(msg.prompt_token_ids) == bool(msg.prompt_text):
             raise InvalidArgument.field(
                 f"{where}.prompt_token_ids", "set exactly one of prompt_token_ids and prompt_text"

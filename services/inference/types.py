@@ -49,9 +49,16 @@ class Completion:
 @dataclass(frozen=True)
 class Limits:
     max_running: int
-    """Sequences the engine runs at once (the flow-control window it advertises)."""
+    """Sequences the engine runs at once."""
     max_new_tokens: int
     max_context: int
+    queue_ahead: int = 0
+    """Requests a client may have waiting for a row on top of `max_running`."""
+
+    @property
+    def window(self) -> int:
+        """Requests in flight a Generate stream accepts (the flow-control window it advertises)."""
+        return self.max_running + self.queue_ahead
 
 
 @dataclass(frozen=True)

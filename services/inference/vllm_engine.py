@@ -15,11 +15,13 @@ the distribution it was drawn from (after temperature, top-k, top-p); for greedy
 reports log_softmax of the unscaled logits. Both match the built-in engine's convention
 (`pipelinerl.inference.sampling`).
 
-Prefix cache: every prompt carries `cache_salt` = the weight version it will be scheduled under,
-so a new request never reuses prompt KV computed by older weights (the salt is part of vLLM's block
-hash), while requests of one version — a GRPO group, say — still share their prompt's blocks.
-Running requests keep their own KV across an update; resetting the prefix cache instead would
-preempt them (`reset_prefix_cache(reset_running_requests=True)`), which is what we avoid.
+Prefix cache: every prompt carries `cache_salt` = the weight version current when it arrives (the
+incoming one during an update), so a request never reuses prompt KV computed by weights older than
+those (the salt is part of vLLM's block hash), while requests of one version — a GRPO group, say —
+still share their prompt's blocks. Running requests keep their own KV across an update, and so
+does a request waiting in vLLM's queue for a row (`queue_ahead`): it may take its prompt's blocks
+from the version it arrived under. Resetting the prefix cache instead would preempt running
+requests (`reset_prefix_cache(reset_running_requests=True)`), which is what we avoid.
 
 Weight versions: vLLM's engine core stamps each step's outputs with the version set by
 `update_weight_version`, and the final output of a request lists spans of output tokens per
@@ -145,7 +147,9 @@ class VllmBackend:
         except OSError:  # no generation_config.json: the tokenizer's EOS only
             generation = None
         info = describe_model(model, tokenizer, len(tokenizer), eos_token_ids(generation, tokenizer))
-        limits = Limits(settings.max_running, min(settings.max_new_tokens, context), context)
+        limits = Limits(
+            settings.max_running, min(settings.max_new_tokens, context), context, settings.queue_ahead
+        )
         backend = cls(
             llm, tokenizer, limits, info, weight_version=weight_version, ignore_eos=settings.ignore_eos
         )

@@ -44,7 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICE = "/pipelinerl.inference.v1.InferenceService/"
 VOCAB = 100  # the tiny preset's character-level tokenizer
-MAX_RUNNING, MAX_NEW_TOKENS, CONTEXT = 4, 16, 128
+MAX_RUNNING, QUEUE_AHEAD, MAX_NEW_TOKENS, CONTEXT = 4, 2, 16, 128
+WINDOW = MAX_RUNNING + QUEUE_AHEAD  # requests a stream may have in flight
 INT32_MAX = 2**31 - 1
 NAN, INF = math.nan, math.inf
 CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -99,7 +100,8 @@ async def completes_a_valid_request(channel: grpc.aio.Channel) -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def inference(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
-    args = ["--model", "tiny", "--max-running", str(MAX_RUNNING), "--max-new-tokens", str(MAX_NEW_TOKENS)]
+    args = ["--model", "tiny", "--max-running", str(MAX_RUNNING), "--queue-ahead", str(QUEUE_AHEAD)]
+    args += ["--max-new-tokens", str(MAX_NEW_TOKENS)]
     args += ["--max-model-len", str(CONTEXT), "--ignore-eos", "--threads", "1"]
     tmp = tmp_path_factory.mktemp("inference")
     async with harness(
@@ -201,7 +203,7 @@ async def test_duplicate_in_flight_id_and_over_capacity(inference: Harness) -> N
             await call.write(submission("same", sampling=long))
             await call.write(submission("same", sampling=long))
             assert (await outcome(call, "same"))[0] == INVALID  # the second one; the first runs on
-            for i in range(MAX_RUNNING - 1):
+            for i in range(WINDOW - 1):
                 await call.write(submission(f"fill{i}", sampling=long))
             await call.write(submission("extra"))
             return (await outcome(call, "extra"))[0]
@@ -220,13 +222,13 @@ async def test_a_batch_answers_each_submission_as_if_it_came_alone(inference: Ha
         call = await open_generate(inference.channel)
         try:
             await call.write(pb.GenerateRequest(submit_batch=pb.SubmissionBatch()))
-            good = [submission(f"good{i}") for i in range(MAX_RUNNING)]
+            good = [submission(f"good{i}") for i in range(WINDOW)]
             bad = submission("bad", sampling=sampling(temperature=-1.0))
             await call.write(batch(good[0], bad, *good[1:], submission("over")))
             errors: dict[str, grpc.StatusCode] = {}
             completed: list[str] = []
             async with asyncio.timeout(30):
-                while len(errors) + len(completed) < MAX_RUNNING + 2:
+                while len(errors) + len(completed) < WINDOW + 2:
                     response = await call.read()
                     event = response.WhichOneof("event")
                     if event == "error":
@@ -240,7 +242,7 @@ async def test_a_batch_answers_each_submission_as_if_it_came_alone(inference: Ha
                         assert event == "completions", response
                         completed += [c.request_id for c in response.completions.completions]
                         assert all(len(c.completion.token_ids) == 4 for c in response.completions.completions)
-            assert sorted(completed) == [f"good{i}" for i in range(MAX_RUNNING)]
+            assert sorted(completed) == [f"good{i}" for i in range(WINDOW)]
             assert errors == {"bad": INVALID, "over": EXHAUSTED}
             await call.write(submission("alone"))
             code, response = await outcome(call, "alone")  # a `completion` event, not a batch
@@ -352,9 +354,9 @@ async def test_stream_cut_by_its_end_ends_at_once(inference: Harness) -> None:
     await inference.expect(code_of_cut_call(inference.service.port, SERVICE + "Generate"), OK)
 
 
-async def test_stream_cancelled_mid_generation_frees_its_rows(inference: Harness) -> None:
+async def test_stream_cancelled_mid_generation_frees_its_rows_and_its_queue(inference: Harness) -> None:
     call = await open_generate(inference.channel)
-    for i in range(MAX_RUNNING):
+    for i in range(WINDOW):
         await call.write(
             submission(f"r{i}", stream_tokens=True, sampling=sampling(max_new_tokens=MAX_NEW_TOKENS))
         )

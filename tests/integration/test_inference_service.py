@@ -241,3 +241,35 @@ async def test_an_engine_whose_loop_died_reports_not_serving(
             break
         await asyncio.sleep(0.05)
     assert await health_of(real_engine_server.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_requests_beyond_the_rows_wait_at_the_server_and_start_as_a_row_frees() -> None:
+    """Two rows and `queue_ahead` 1: a stream takes three requests at once and refuses a fourth;
+    the third waits for a row and starts when the shortest frees one, so it finishes before the
+    longest instead of after it."""
+    settings = InferenceSettings(port=0, model="tiny", ignore_eos=True, max_running=2, queue_ahead=1)
+    server = await build(settings)
+    await server.start()
+    lengths = {"short": 2, "long": 24, "queued": 4, "over": 1}
+    submissions = [pb.Submission(request_id=request_id, prompt_token_ids=[1, 10]) for request_id in lengths]
+    for submission in submissions:
+        submission.sampling.max_new_tokens = lengths[submission.request_id]
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            call = inference_pb2_grpc.InferenceServiceStub(channel).Generate()
+            capacity = await call.read()
+            await call.write(pb.GenerateRequest(submit_batch=pb.SubmissionBatch(submissions=submissions)))
+            await call.done_writing()
+            events = []
+            while (event := await call.read()) is not grpc.aio.EOF:
+                events.append(event)
+    finally:
+        await server.stop(grace=0)
+    assert capacity.capacity.max_in_flight == 3
+    errors = [e.error for e in events if e.WhichOneof("event") == "error"]
+    assert [(e.request_id, e.status.code) for e in errors] == [
+        ("over", grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    ]
+    done = [c for e in events if e.WhichOneof("event") == "completions" for c in e.completions.completions]
+    assert [c.request_id for c in done] == ["short", "queued", "long"]
+    assert [len(c.completion.token_ids) for c in done] == [2, 4, 24]
