@@ -1,27 +1,33 @@
 """The coordinator's own cost under load: a real coordinator (a subprocess, journal on disk) drives a
 pipeline run against fakes on loopback that cost nothing but a fixed generation time — an inference
-server (the real servicer over a fake engine that holds each request `--generation-ms`, then answers
-with a fixed completion), an instant reward service and an instant trainer. Ends with one JSON line
-on stdout, measured over `--duration` seconds after `--warmup`:
+server (the real servicer over a fake engine of `--window` rows, each holding a request
+`--generation-ms`, then answering with a fixed completion; `--queue-ahead` more requests wait for a
+row), an instant reward service and an instant trainer. Ends with one JSON line on stdout, measured
+over `--duration` seconds after `--warmup`:
 
     requests_per_s     attempts acknowledged by the trainer per second
-    p99_ms             99th percentile of an attempt's latency from the engine receiving its Generate
-                       request to the trainer acknowledging its sample: generation, the completion's
-                       way back, waiting for the rest of its group, scoring and submission
+    p99_ms             99th percentile of an attempt's latency from the server receiving its Generate
+                       request to the trainer acknowledging its sample: waiting for a row,
+                       generation, the completion's way back, waiting for the rest of its group,
+                       scoring and submission
     rss_growth_mb      growth of the coordinator process's resident memory over the measured time
-    overhead_fraction  engine slot time not spent generating, over generation time:
+    overhead_fraction  engine row time not spent generating, over generation time:
                        (window × seconds − Σ generation) / Σ generation, where generation is the fake
-                       engine's nominal hold time. A slot is idle while the completion travels back,
-                       the coordinator handles it and sends the next attempt: that is gRPC plus
-                       coordinator time, paid once per generation. 0 means every slot is always busy.
+                       engine's nominal hold time from when a row starts a request. A row idles when
+                       no request waits for it: with no queue, while each completion travels back, the
+                       coordinator handles it and sends the next attempt (gRPC plus coordinator time,
+                       once per generation); with one, only while the coordinator or the fakes stall
+                       for longer than the queue lasts. 0 means every row is always busy.
 
-    python benchmarks/load.py [--duration 20] [--generation-ms 20] [--window 16] [--group-size 8]
+    python benchmarks/load.py [--duration 20] [--generation-ms 20] [--window 16] [--queue-ahead 32]
+                              [--group-size 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import signal
@@ -45,6 +51,7 @@ from pipelinerl.common.types import FinishReason, Sample, SamplingParams, TokenS
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.inference import server as inference_server
+from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits, ModelInfo
 from pipelinerl.reward import server as reward_server
 from pipelinerl.reward.types import ScoreItem, ScoreResult, ScorerStats, VerifierDetail, VerifierInfo
@@ -54,29 +61,47 @@ from pipelinerl.weights.types import WatchRequest, WeightChunk, WeightNotice
 
 log = structlog.get_logger()
 
-COMPLETION = TokenSequence([14, 15, 2], [-0.1, -0.2, -0.3], [0, 0, 0])
-
 
 class FixedEngine:
-    """Holds every request for `generation_s`, then finishes it with the same completion."""
+    """`window` rows, each holding a request for `generation_s`, then finishing it with the same
+    completion; a request that finds every row taken waits for one (at most `queue_ahead` do, as
+    the servicer allows). A row's next request starts when its last one was due to end, not when
+    the timer woke: asyncio's sleep wakes a millisecond or two late, which a real engine, stepping
+    back to back, does not. It serves `trainer`'s newest version, as a server whose updates cost
+    nothing would, so that the coordinator never holds prompts back from it for lag."""
 
-    def __init__(self, window: int, generation_s: float) -> None:
-        self.limits = Limits(max_running=window, max_new_tokens=64, max_context=1024)
+    def __init__(self, window: int, queue_ahead: int, generation_s: float, trainer: InstantTrainer) -> None:
+        self.limits = Limits(max_running=window, max_new_tokens=64, max_context=1024, queue_ahead=queue_ahead)
         self.model_info = ModelInfo("fixed", 91, (2,), None, None, "fixed", "0" * 64)
         self.generation_s = generation_s
+        self.trainer = trainer
         self.received: dict[str, float] = {}
         """Request (attempt) id -> when its Generate request reached the engine."""
+        self.started: dict[str, float] = {}
+        """Request (attempt) id -> when a row started generating it."""
+        self._rows = asyncio.Semaphore(window)
+        self._free_at = [0.0] * window
+        """When each free row became free: a heap, one entry per free row."""
 
     def tokenize(self, text: str) -> list[int]:
         return [1 + ord(c) % 90 for c in text]
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
-        self.received[request.request_id] = time.perf_counter()
-        await asyncio.sleep(self.generation_s)
-        yield GenerationUpdate(request.request_id, COMPLETION, FinishReason.STOP, text="42")
+        received = self.received[request.request_id] = time.perf_counter()
+        async with self._rows:
+            start = max(received, heapq.heappop(self._free_at))
+            self.started[request.request_id] = start
+            end = start + self.generation_s
+            try:
+                await asyncio.sleep(end - time.perf_counter())
+            finally:  # a cancelled request frees its row at once
+                heapq.heappush(self._free_at, min(end, time.perf_counter()))
+        completion = TokenSequence([14, 15, 2], [-0.1, -0.2, -0.3], [self.trainer.version] * 3)
+        yield GenerationUpdate(request.request_id, completion, FinishReason.STOP, text="42")
 
     def status(self) -> InferenceStatus:
-        return InferenceStatus(WeightVersion(0, "load"), 0, 0, 0.0, 0, 0, "fixed", self.model_info)
+        version = WeightVersion(self.trainer.version, "load")
+        return InferenceStatus(version, 0, 0, 0.0, 0, 0, "fixed", self.model_info)
 
 
 class InstantReward:
@@ -177,22 +202,25 @@ def start_coordinator(fakes: str, journal: Path, port: int) -> subprocess.Popen[
 def busy_seconds(engine: FixedEngine, start: float, end: float) -> float:
     """Nominal generation time inside [start, end], summed over requests."""
     g = engine.generation_s
-    return sum(max(0.0, min(t + g, end) - max(t, start)) for t in engine.received.values())
+    return sum(max(0.0, min(t + g, end) - max(t, start)) for t in engine.started.values())
 
 
 async def measure(args: argparse.Namespace) -> dict[str, object]:
-    engine, trainer = FixedEngine(args.window, args.generation_ms / 1000), InstantTrainer()
+    trainer = InstantTrainer()
+    engine = FixedEngine(args.window, args.queue_ahead, args.generation_ms / 1000, trainer)
     registrations = [
         inference_server.registration(inference_server.InferenceServicer(engine)),
         reward_server.registration(InstantReward()),
         trainer_server.registration(trainer),
     ]
-    fakes = GrpcServer(ServiceSettings(host="127.0.0.1", port=0, drain_seconds=0), registrations)
-    await fakes.start()
-    port = free_port()
+    fakes_port, port = free_port(), free_port()
+    fakes = GrpcServer(ServiceSettings(host="127.0.0.1", port=fakes_port, drain_seconds=0), registrations)
     with tempfile.TemporaryDirectory() as tmp:
-        coordinator = start_coordinator(fakes.address, Path(tmp) / "journal.sqlite", port)
+        # Forked before this process runs any gRPC thread: a fork beside them can leave this
+        # process's gRPC poller on a closed descriptor, and the coordinator then never answers.
+        coordinator = start_coordinator(f"127.0.0.1:{fakes_port}", Path(tmp) / "journal.sqlite", port)
         try:
+            await fakes.start()
             if not await wait_until_serving(f"127.0.0.1:{port}", timeout_s=60):
                 raise RuntimeError("the coordinator did not start")
             async with CoordinatorClient(f"127.0.0.1:{port}") as client:
@@ -225,6 +253,7 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
         "attempts": len(latencies),
         "seconds": round(seconds, 1),
         "window": args.window,
+        "queue_ahead": args.queue_ahead,
         "generation_ms": args.generation_ms,
         "group_size": args.group_size,
         "coordinator_cpu_fraction": round((after.cpu_s - before.cpu_s) / seconds, 3),
@@ -240,6 +269,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--generation-ms", type=float, default=20.0)
     parser.add_argument("--window", type=int, default=16, help="requests the fake engine runs at once")
+    parser.add_argument(
+        "--queue-ahead",
+        type=int,
+        default=EngineSettings.model_fields["queue_ahead"].default,
+        help="requests the fake server takes beyond its window (default: the inference server's)",
+    )
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-in-flight", type=int, help="the run's limit; default 4 × window")
     args = parser.parse_args()
