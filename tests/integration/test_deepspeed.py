@@ -75,9 +75,9 @@ def run_ranks(stage: int, samples: Path, out: Path, *flags: str) -> dict[str, to
     return torch.load(out / "weights.pt")
 
 
-def torch_weights(steps: list) -> dict[str, torch.Tensor]:
+def torch_weights(steps: list, *, packing: bool = True) -> dict[str, torch.Tensor]:
     model = build_preset("tiny", seed=0).model
-    learner = TorchLearner(model, LEARNER)
+    learner = TorchLearner(model, LEARNER.model_copy(update={"packing": packing}))
     for version, samples in enumerate(steps):
         assert learner.step(samples, version).stepped
     return {name: p.detach() for name, p in model.named_parameters()}
@@ -111,6 +111,29 @@ def test_zero3_steps_on_multi_turn_samples_like_torch(batches_file: Path, tmp_pa
     initial = {n: p.detach() for n, p in build_preset("tiny", seed=0).model.named_parameters()}
     assert max_difference(expected, initial) > 1e-3
     assert max_difference(published, expected) < 1e-4
+
+
+def test_zero3_packed_steps_like_the_padded_torch_learner(batches_file: Path, tmp_path: Path) -> None:
+    # Single-turn samples beside episodes, of different lengths: the ranks pack their micro-batches,
+    # the torch learner pads them.
+    steps = [
+        [
+            episode if i % 2 else sample
+            for i, (sample, episode) in enumerate(zip(samples, with_tool_replies(samples), strict=True))
+        ]
+        for samples in torch.load(batches_file, weights_only=False)
+    ]
+    torch.save(steps, tmp_path / "mixed.pt")
+    published = run_ranks(3, tmp_path / "mixed.pt", tmp_path)
+    packed, padded = torch_weights(steps), torch_weights(steps, packing=False)
+    initial = {n: p.detach() for n, p in build_preset("tiny", seed=0).model.named_parameters()}
+    assert LEARNER.packing
+    assert max_difference(padded, initial) > 1e-3
+    assert max_difference(published, packed) < 1e-4
+    # Adam's first steps move a weight by about lr whatever its gradient's size, so float32 rounding
+    # of a near-zero gradient (packed against padded, equal within 1e-5: test_packing.py) shows up
+    # to ~lr / 4 here; a wrong gradient would show ~lr.
+    assert max_difference(published, padded) < 5e-4
 
 
 def test_zero3_resume_restores_optimizer_state(batches_file: Path, tmp_path: Path) -> None:
