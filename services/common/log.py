@@ -31,12 +31,19 @@ def configure_logging(service: str, fmt: LogFormat = "console", level: str = "in
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=numeric_level, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service)
+
+
+def _stderr_logger(*_: Any) -> structlog.PrintLogger:
+    """A logger writing to `sys.stderr` as it is when a line is logged, not when logging was set
+    up: a caller that swaps stderr for a while (a test capturing output) and closes it must not
+    leave every later line raising on a closed file. Loggers are not cached, so each line asks."""
+    return structlog.PrintLogger(sys.stderr)
 
 
 def bind_context(**values: Any) -> None:
