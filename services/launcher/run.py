@@ -215,11 +215,13 @@ async def start_services(
     configs = _service_settings(settings, run_dir, threads)
     ca = settings.client_ca_file
     n = settings.reward_servers
-    rewards = [
-        start_service("reward" if n == 1 else f"reward-{i}", "pipelinerl.reward", configs["reward"], run_dir)
-        for i in range(n)
-    ]
-    processes.extend(rewards)
+    # Each handle goes to `processes` the moment its process exists, so that whatever fails next
+    # leaves nothing the caller cannot stop.
+    rewards: list[ServiceProcess] = []
+    for i in range(n):
+        name = "reward" if n == 1 else f"reward-{i}"
+        rewards.append(start_service(name, "pipelinerl.reward", configs["reward"], run_dir))
+        processes.append(rewards[-1])
     trainer = start_service(
         "trainer",
         "pipelinerl.trainer",
@@ -241,26 +243,19 @@ async def start_services(
     processes.append(coordinator)
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
     coordinator_address = _given(route, "coordinator", processes)
-    inference = [
-        start_service(
-            f"inference-{i}",
-            "pipelinerl.inference",
-            merge(
-                configs["inference"],
-                {
-                    "trainer_address": addresses["trainer_address"],
-                    "receiver_id": f"inference-{i}",
-                    "coordinator_address": coordinator_address,
-                    **_advertised(route, f"inference-{i}", processes),
-                },
-            ),
-            run_dir,
-            cores,
-            python=str(settings.vllm_python) if settings.engine == "vllm" else sys.executable,
-        )
-        for i, cores in enumerate(inference_cores)
-    ]
-    processes[-1:-1] = inference  # before the coordinator
+    inference: list[ServiceProcess] = []
+    for i, cores in enumerate(inference_cores):
+        server = {
+            "trainer_address": addresses["trainer_address"],
+            "receiver_id": f"inference-{i}",
+            "coordinator_address": coordinator_address,
+            **_advertised(route, f"inference-{i}", processes),
+        }
+        python = str(settings.vllm_python) if settings.engine == "vllm" else sys.executable
+        config = merge(configs["inference"], server)
+        name = f"inference-{i}"
+        inference.append(start_service(name, "pipelinerl.inference", config, run_dir, cores, python))
+        processes.insert(len(processes) - 1, inference[-1])  # before the coordinator, which stops first
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     write_targets(run_dir / "prometheus_targets.json", processes)
     return coordinator
