@@ -54,7 +54,7 @@ class UnaryRequestInterceptor(grpc.aio.ServerInterceptor):
 
 async def _request(context: grpc.aio.ServicerContext) -> Any:
     request = await context.read()
-    if request is grpc.aio.EOF:
+    if request is grpc.aio.EOF:  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's grpc.aio omits EOF, which grpcio exports
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, NO_REQUEST)
     return request
 
