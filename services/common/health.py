@@ -1,4 +1,5 @@
-"""Client side of grpc.health.v1: wait until a service reports SERVING (launchers, probes, tests)."""
+"""Client side of grpc.health.v1: one check of a service's health, and waiting until it reports SERVING
+(launchers, the supervisor, probes, tests)."""
 
 from __future__ import annotations
 
@@ -26,17 +27,22 @@ async def wait_until_serving(
     channel = open_channel(config)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                response = await stub.Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's HealthStub omits the methods its __init__ sets
-                    health_pb2.HealthCheckRequest(service=service), timeout=2.0
-                )
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.aio.AioRpcError:
-                pass
+        while await check(stub, service) != "SERVING":
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.2)
+        return True
     finally:
         await channel.close()
+
+
+async def check(stub: health_pb2_grpc.HealthStub, service: str = "", timeout_s: float = 2.0) -> str:
+    """`service`'s health as one `Check` answers it (`SERVING`, `NOT_SERVING`, ...), or why there
+    was no answer (`no answer, DEADLINE_EXCEEDED`)."""
+    try:
+        response = await stub.Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's HealthStub omits the methods its __init__ sets
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+        )
+    except grpc.aio.AioRpcError as exc:
+        return f"no answer, {exc.code().name}"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from pipelinerl.common.channel import ChannelConfig, open_channel
+from pipelinerl.common.health import check
 from pipelinerl.common.log import get_logger
 from pipelinerl.launcher.config import RestartPolicy
 from pipelinerl.launcher.processes import ServiceProcess
@@ -87,7 +87,7 @@ class Supervisor:
                 service = self._current(name)
                 reason = service.exit_reason()
                 if reason is None:
-                    status = await _check(stub)
+                    status = await check(stub, timeout_s=CHECK_TIMEOUT_S)
                     now = time.monotonic()
                     answered_at = now if status in ("SERVING", "NOT_SERVING") else answered_at
                     serving_at = now if status == "SERVING" else serving_at
@@ -140,14 +140,3 @@ class Supervisor:
         log.warning(line)
         with self._log_path.open("a") as f:
             f.write(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {line}\n")
-
-
-async def _check(stub: health_pb2_grpc.HealthStub) -> str:
-    """The service's health as its `Check` answers it, or why there was no answer."""
-    try:
-        response = await stub.Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's HealthStub omits the methods its __init__ sets
-            health_pb2.HealthCheckRequest(), timeout=CHECK_TIMEOUT_S
-        )
-    except grpc.aio.AioRpcError as exc:
-        return f"no answer, {exc.code().name}"
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
