@@ -21,7 +21,7 @@ $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed,tensorboard,wandb]" $(EDITABLE)
+	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed,tensorboard,wandb,gymnasium,openenv]" $(EDITABLE)
 	touch $@
 
 # Links a module added (or drops one removed) since the last install; quick, no dependencies.
@@ -83,10 +83,12 @@ $(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package-lock.json
 clients: $(BUF) $(TS_CLIENT)/node_modules/.package-lock.json
 	cd protos && ../$(BUF) generate
 
-# Regenerating must not change the committed client code; part of `lint`.
+# Regenerating must not change the committed client code, and the TypeScript environment server
+# (examples/guess-number-env) must still compile against it; part of `lint`.
 check-clients: clients
 	git diff --exit-code -- $(TS_CLIENT)/src/gen
 	test -z "$$(git status --porcelain --untracked-files=all -- $(TS_CLIENT)/src/gen)"
+	$(TS_CLIENT)/node_modules/.bin/tsc -p $(TS_CLIENT)/examples/guess-number-env
 
 # The TypeScript client's tests, against the four real services on the tiny model.
 clients-test: venv $(TS_CLIENT)/node_modules/.package-lock.json
