@@ -78,6 +78,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return built
 
 
+def load_tokenizer(source: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a preset, by name, or of a local HF directory."""
+    if str(source) in PRESETS:
+        return build_tokenizer()
+    if not Path(source).is_dir():
+        raise ValueError(not_a_model(source))
+    return AutoTokenizer.from_pretrained(source, local_files_only=True)
+
+
 def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig | Qwen2Config:
     """The model config of preset `name`, sized to `tokenizer`'s vocabulary."""
     if name not in PRESETS:

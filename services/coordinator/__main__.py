@@ -21,9 +21,11 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     from pipelinerl.coordinator.journal import Journal
     from pipelinerl.coordinator.membership import Membership
     from pipelinerl.coordinator.pool import InferencePool
-    from pipelinerl.coordinator.reward_pool import PROBE_TIMEOUT_S, RewardPool
+    from pipelinerl.coordinator.replicas import PROBE_TIMEOUT_S, ReplicaPool
+    from pipelinerl.coordinator.reward_pool import RewardPool
     from pipelinerl.coordinator.server import registration
     from pipelinerl.coordinator.submitter import TrainerSubmitter
+    from pipelinerl.environment.client import EnvironmentClient
     from pipelinerl.trainer.client import TrainerClient
 
     def channel(address: str) -> ChannelConfig:
@@ -52,13 +54,23 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         refresh_s=settings.membership_refresh_s,
         lease_s=settings.inference_lease_s,
     )
+    environments = ReplicaPool("environment replica", EnvironmentClient, channel)
+    environment_membership = Membership(
+        environments,
+        static=settings.environment_addresses,
+        dns=settings.environment_dns,
+        refresh_s=settings.membership_refresh_s,
+        role="environment",
+    )
     submitter = TrainerSubmitter(trainer, journal, on_state=pool.follow)
-    coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer)
+    coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer, environments)
 
     await pool.start()
     await membership.start()
     await reward.start()
     await reward_membership.start()
+    await environments.start()
+    await environment_membership.start()
     with contextlib.suppress(TimeoutError):  # the first health checks: serve knowing whether one is up
         await asyncio.wait_for(reward.wait_reachable(True), PROBE_TIMEOUT_S)
     submitter.start()
@@ -87,8 +99,10 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         await submitter.close()
         await membership.close()
         await reward_membership.close()
+        await environment_membership.close()
         await pool.close()
         await reward.close()
+        await environments.close()
         await trainer.close()
         journal.close()
 

@@ -75,12 +75,18 @@ class ChatRenderer:
         with the tool calls the syntax reads in it (ids `call-<turn>-<n>`, unique in the episode)."""
         end = self.end_of_turn(token_ids)
         body = list(token_ids[:end] if end is not None else token_ids)
-        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        assert isinstance(text, str)  # one sequence decodes to one string
-        content, calls = self.tool_calls.parse(text)
+        content, calls = self.tool_calls.parse(self.decode(body))
         return Message.assistant(
             content, [ToolCall(f"call-{turn}-{n}", c.name, c.arguments) for n, c in enumerate(calls)]
         )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, special tokens included, as the model sampled them."""
+        text = self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # one sequence decodes to one string
+        return text
 
     def _template_message(self, message: Message) -> dict[str, Any]:
         """A message in the shape HF chat templates read (OpenAI's)."""

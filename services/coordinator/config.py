@@ -46,6 +46,13 @@ class CoordinatorSettings(ServiceSettings):
     reward_dns: list[str] = Field(default_factory=list)
     """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
     is a reward replica (a Kubernetes headless Service gives one per ready pod)."""
+    environment_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """`host:port` of the environment replicas that are always members of the environment pool
+    (runs with `spec.environment`): comma-separated, the flag repeated, or a JSON list. Each episode
+    goes to the replica with the fewest episodes that is up, and stays there to its end."""
+    environment_dns: list[str] = Field(default_factory=list)
+    """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
+    is an environment replica."""
     trainer_address: str = "127.0.0.1:50052"
     """`host:port` of the trainer."""
     services_auth_token: str | None = None
@@ -57,9 +64,10 @@ class CoordinatorSettings(ServiceSettings):
     Default `$XDG_STATE_HOME/pipelinerl/coordinator.sqlite` (`~/.local/state/pipelinerl/...`);
     its folder is created if missing."""
     tokenizer: str | None = None
-    """Local HF tokenizer directory whose chat template wraps the prompts of file datasets."""
+    """Local HF tokenizer directory (or a preset's name: `tiny`) whose chat template wraps the
+    prompts of file datasets and renders the episodes of environment runs."""
 
-    @field_validator("reward_address", mode="before")
+    @field_validator("reward_address", "environment_addresses", mode="before")
     @classmethod
     def _address_list(cls, value: Any) -> Any:
         """A single `host:port`, as the field once was, or several comma-separated, from a flag,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC
 
@@ -9,7 +10,15 @@ from google.protobuf import timestamp_pb2
 
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
-from pipelinerl.coordinator.types import Mode, Progress, RunInfo, RunSpec, RunState, ServerVersion
+from pipelinerl.coordinator.types import (
+    EpisodeStats,
+    Mode,
+    Progress,
+    RunInfo,
+    RunSpec,
+    RunState,
+    ServerVersion,
+)
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.reward.types import MAX_BATCH_ITEMS
 from pipelinerl.trainer.types import MAX_SAMPLES_PER_MESSAGE
@@ -45,12 +54,16 @@ def spec_to_proto(spec: RunSpec) -> pb.RunSpec:
         mode=_MODES[spec.mode],
         max_in_flight=spec.max_in_flight,
         seed=spec.seed,
+        environment=spec.environment,
+        max_turns=spec.max_turns,
     )
 
 
 def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
     checks = [
-        (bool(msg.dataset), "dataset", "must name a dataset"),
+        (bool(msg.dataset) or bool(msg.environment), "dataset", "must name a dataset"),
+        (not (msg.dataset and msg.environment), "dataset", "must be empty in an environment run"),
+        (msg.max_turns >= 0, "max_turns", "must be >= 0"),
         (msg.group_size >= 2, "group_size", "must be at least 2"),
         (msg.group_size <= MAX_GROUP_SIZE, "group_size", f"must be at most {MAX_GROUP_SIZE}"),
         (msg.max_samples >= 0, "max_samples", "must be >= 0"),
@@ -68,6 +81,8 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
         mode=_MODE_NAMES[msg.mode],
         max_in_flight=msg.max_in_flight,
         seed=msg.seed,
+        environment=msg.environment,
+        max_turns=msg.max_turns,
     )
 
 
@@ -88,6 +103,7 @@ def progress_to_proto(p: Progress) -> pb.Progress:
         ],
         zero_variance_fraction=p.zero_variance_fraction,
         entropy=p.entropy,
+        episodes=pb.EpisodeStats(**dataclasses.asdict(p.episodes)) if p.episodes else None,
     )
 
 
@@ -106,7 +122,12 @@ def progress_from_proto(msg: pb.Progress) -> Progress:
         servers=tuple(ServerVersion(s.address, s.version, s.in_flight) for s in msg.servers),
         zero_variance_fraction=msg.zero_variance_fraction,
         entropy=msg.entropy,
+        episodes=_episodes_from_proto(msg.episodes) if msg.HasField("episodes") else None,
     )
+
+
+def _episodes_from_proto(msg: pb.EpisodeStats) -> EpisodeStats:
+    return EpisodeStats(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(EpisodeStats)})
 
 
 def run_to_proto(run: RunInfo) -> pb.Run:

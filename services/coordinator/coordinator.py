@@ -3,7 +3,8 @@
 StartRun is idempotent: a run id known to the journal resumes where it stopped (a stopped run,
 or one cut short by a crash); a running one is returned as it is. A run is checked (its dataset
 opens, the inference servers can serve its sampling) before the journal holds it, so a refused
-StartRun leaves nothing behind and its id stays free.
+StartRun leaves nothing behind and its id stays free. An environment run is checked too: a
+replica of its environment is up, and the coordinator has a tokenizer to render its episodes with.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFou
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.datasets import open_problems
+from pipelinerl.coordinator.episode import EpisodeDriver
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.loop import RunLoop
-from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.pool import InferencePool, ServerLimits
+from pipelinerl.coordinator.replicas import ReplicaPool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
+from pipelinerl.environment.client import EnvironmentClient
 
 log = get_logger(__name__)
 
 WATCH_EVERY_S = 1.0  # between two progress updates of a watch while the state stays the same
 LIMITS_TIMEOUT_S = 10.0  # for the inference servers to connect and advertise their limits
+ENVIRONMENT_TIMEOUT_S = 10.0  # for an environment replica to be up at StartRun
 
 
 def spec_to_json(spec: RunSpec) -> dict[str, object]:
@@ -76,12 +81,14 @@ class Coordinator:
         reward: RewardPool,
         submitter: TrainerSubmitter,
         tokenizer: str | None = None,
+        environments: ReplicaPool[EnvironmentClient] | None = None,
     ) -> None:
         self._journal = journal
         self._pool = pool
         self._reward = reward
         self._submitter = submitter
         self._tokenizer = tokenizer
+        self._environments = environments
         self._runs: dict[str, _Run] = {}
         self._starting = asyncio.Lock()  # the checks of a start await: one start at a time
 
@@ -109,13 +116,18 @@ class Coordinator:
         completed = record is not None and record.state == RunState.COMPLETED.value
         start = record.next_prompt if record else 0
         problems = iter(()) if completed else open_problems(spec.dataset, spec.seed, start, self._tokenizer)
+        episodes = None
         if not completed:
-            await self._check_servable(spec)
+            limits = await self._check_servable(spec)
+            if spec.environment:
+                episodes = await self._episode_driver(spec, limits)
         if record is None:
             record = self._journal.create_run(run_id, spec_to_json(spec))
         elif not completed:
             self._journal.set_run_state(run_id, RunState.RUNNING.value)
-        loop = RunLoop(run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems)
+        loop = RunLoop(
+            run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems, episodes
+        )
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
         self._runs[run_id] = run
         if completed:  # journaled as done before a restart: report it, start nothing
@@ -125,7 +137,35 @@ class Coordinator:
         log.info("run started", run_id=run_id, dataset=spec.dataset, mode=spec.mode.value)
         return self._info(run)
 
-    async def _check_servable(self, spec: RunSpec) -> None:
+    async def _episode_driver(self, spec: RunSpec, limits: ServerLimits) -> EpisodeDriver:
+        """FailedPrecondition unless an environment replica that says it is `spec.environment` is up
+        and the episodes can be rendered."""
+        from pipelinerl.common.model import load_tokenizer
+        from pipelinerl.coordinator.chat_render import ChatRenderer
+
+        environments = self._environments
+        if environments is None or not environments.members:
+            raise FailedPrecondition("the coordinator has no environment replicas (environment_addresses)")
+        if self._tokenizer is None:
+            raise FailedPrecondition(
+                "an environment run needs the coordinator's tokenizer (its chat template)"
+            )
+        try:
+            await asyncio.wait_for(environments.wait_reachable(True), ENVIRONMENT_TIMEOUT_S)
+            async with environments.reserve() as replica:
+                info = await replica.client.describe(timeout_s=ENVIRONMENT_TIMEOUT_S)
+        except TimeoutError:
+            raise FailedPrecondition(
+                f"no environment replica was up within {ENVIRONMENT_TIMEOUT_S:g}s"
+            ) from None
+        if info.name != spec.environment:
+            raise FailedPrecondition(
+                f"spec.environment is {spec.environment!r}, but the environment replicas serve {info.name!r}"
+            )
+        renderer = ChatRenderer(load_tokenizer(self._tokenizer))
+        return EpisodeDriver(spec, self._pool, environments, renderer, max_context=limits.max_context)
+
+    async def _check_servable(self, spec: RunSpec) -> ServerLimits:
         """InvalidArgument naming the field if the inference servers would refuse every attempt."""
         limits = await self._pool.limits(LIMITS_TIMEOUT_S)
         tokens = spec.sampling.max_new_tokens
@@ -139,6 +179,7 @@ class Coordinator:
                 "spec.sampling.max_new_tokens",
                 f"{tokens} leaves no room for a prompt in the context of {limits.max_context} tokens",
             )
+        return limits
 
     def get_run(self, run_id: str) -> RunInfo:
         return self._info(self._run(run_id))

@@ -4,6 +4,9 @@
     path/to/file.jsonl|.parquet rows with `prompt`, `answer` and optionally `verifier` (default
                                 `math`), loaded with HF `datasets`, shuffled by the run's seed, one pass
 
+    (an environment run)        episode seeds drawn from the run's seed, endless: every attempt
+                                of a group plays the episode of the same seed
+
 A file's prompts are wrapped in the tokenizer's chat template when a tokenizer with one is given.
 Problems are numbered, so a resumed run continues from the journal's cursor.
 """
@@ -11,6 +14,7 @@ Problems are numbered, so a resumed run continues from the journal's cursor.
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -19,18 +23,30 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.tasks import Problem, builtin_problems, parse_builtin
 
 DEFAULT_VERIFIER = "math"
+ENVIRONMENT = "environment"
+"""The verifier of an environment run's problems: the environment rewards the episode."""
 
 
 def open_problems(
     dataset: str, seed: int, start: int = 0, tokenizer: str | None = None
 ) -> Iterator[tuple[int, Problem]]:
-    """(index, problem) pairs from problem number `start` on."""
-    if dataset.startswith("builtin:"):
+    """(index, problem) pairs from problem number `start` on; with no dataset, an environment
+    run's episodes (their prompt is the seed)."""
+    if not dataset:
+        source: Iterator[Problem] = (Problem(str(s), "", ENVIRONMENT) for s in episode_seeds(seed))
+    elif dataset.startswith("builtin:"):
         task, digits = parse_builtin(dataset)
-        source: Iterator[Problem] = builtin_problems(task, digits, seed)
+        source = builtin_problems(task, digits, seed)
     else:
         source = iter(_file_problems(Path(dataset), seed, tokenizer))
     return itertools.islice(enumerate(source), start, None)
+
+
+def episode_seeds(seed: int) -> Iterator[int]:
+    """The run's episode seeds, the same for every restart of it."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.getrandbits(63)
 
 
 def _file_problems(path: Path, seed: int, tokenizer: str | None) -> list[Problem]:
@@ -64,11 +80,17 @@ def _chat_template(tokenizer: str | None) -> Callable[[str], str]:
     """The prompt wrapper: the tokenizer's chat template if it has one, else the prompt unchanged."""
     if tokenizer is None:
         return lambda prompt: prompt
-    from transformers import AutoTokenizer
+    from pipelinerl.common.model import load_tokenizer
 
-    loaded = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    loaded = load_tokenizer(tokenizer)
     if not getattr(loaded, "chat_template", None):
         return lambda prompt: prompt
-    return lambda prompt: loaded.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
+
+    def wrap(prompt: str) -> str:
+        text = loaded.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        assert isinstance(text, str)  # untokenized, one conversation
+        return text
+
+    return wrap

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelinerl.common.types import FinishReason, TokenSequence
+from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -72,6 +72,8 @@ class AttemptRecord:
     correct: bool = False
     version: int = -1
     """For `trained`: the version the trainer's step produced."""
+    segments: tuple[Segment, ...] = ()
+    """An episode's runs of model and context tokens in `completion` (empty: single-turn)."""
 
 
 @dataclass
@@ -172,6 +174,8 @@ class Journal:
             assert a.completion is not None and a.prompt_token_ids is not None and a.finish_reason is not None
             tokens = {"token_ids": a.completion.token_ids, "logprobs": a.completion.logprobs,
                       "versions": a.completion.versions}  # fmt: skip
+            if a.segments:
+                tokens["segments"] = [[s.kind.value, s.num_tokens] for s in a.segments]
             rows.append((json.dumps(a.prompt_token_ids), json.dumps(tokens), a.text, a.finish_reason.value,
                          a.server, now, a.sample_id))  # fmt: skip
         with self._db:
@@ -240,7 +244,9 @@ class Journal:
         ).fetchall()
         records = []
         for sample_id, state, prompt_ids, completion, text, reason, reward, correct, version in rows:
-            tokens = TokenSequence(**json.loads(completion)) if completion else None
+            stored = json.loads(completion) if completion else {}
+            segments = tuple(Segment(SegmentKind(k), n) for k, n in stored.pop("segments", []))
+            tokens = TokenSequence(**stored) if stored else None
             records.append(
                 AttemptRecord(
                     sample_id=sample_id,
@@ -252,6 +258,7 @@ class Journal:
                     reward=reward,
                     correct=bool(correct),
                     version=-1 if version is None else version,
+                    segments=segments,
                 )
             )
         return records

@@ -4,6 +4,11 @@
     generated) ──► RewardPool.score (scored) ──► TrainerSubmitter.send ──► trained ──► acked
     once the trainer's checkpoint holds it (see submitter.py)
 
+In an environment run an attempt is a multi-turn episode (episode.py): the G attempts of a group
+play the episode of one seed, the environment rewards them, and they skip the reward service. An
+episode is journaled once played (generated and scored together); one cut short by a restart is
+played again from the start.
+
 When every group in flight waits on the trainer and no more can start (the budget is spent, the
 dataset ended, the slots are full, or a sync round is complete), the trainer is asked to flush:
 it trains the samples it holds as a step of its own, however few. It ignores a flush while a step
@@ -32,12 +37,14 @@ from dataclasses import dataclass
 from pipelinerl.common.errors import FailedPrecondition, PipelineError
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import FinishReason, Sample
+from pipelinerl.coordinator.datasets import ENVIRONMENT
+from pipelinerl.coordinator.episode import EpisodeDriver, EpisodeResult
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.tasks import Problem
-from pipelinerl.coordinator.types import Mode, Progress, RunSpec, ServerVersion
+from pipelinerl.coordinator.types import EpisodeStats, Mode, Progress, RunSpec, ServerVersion
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.reward.types import ScoreItem
 from pipelinerl.trainer.advantages import all_equal
@@ -90,6 +97,7 @@ class RunLoop:
         reward: RewardPool,
         submitter: TrainerSubmitter,
         problems: Iterator[tuple[int, Problem]],
+        episodes: EpisodeDriver | None = None,
     ) -> None:
         self.run_id = run_id
         self.spec = spec
@@ -98,6 +106,8 @@ class RunLoop:
         self._reward = reward
         self._submitter = submitter
         self._problems = problems
+        self._episodes = episodes
+        self._episode_stats = _EpisodeCounters()
         self._counts = _Counters.so_far(journal.counts(run_id))  # zeros for a new run
         self._rewards: deque[float] = deque(maxlen=WINDOW)
         self._correct: deque[bool] = deque(maxlen=WINDOW)
@@ -135,6 +145,7 @@ class RunLoop:
             servers=tuple(ServerVersion(a, v, n) for a, v, n in self._pool.snapshot()),
             zero_variance_fraction=statistics.fmean(self._flat) if self._flat else 0.0,
             entropy=statistics.fmean(self._surprisal) if self._surprisal else 0.0,
+            episodes=self._episode_stats.stats(self._episodes) if self._episodes else None,
         )
 
     def _samples_per_s(self) -> float:
@@ -257,7 +268,10 @@ class RunLoop:
     async def _run_group(self, group: GroupRecord) -> None:
         bind_context(group_id=group.group_id)  # this task's log lines and calls carry it (trace.py)
         try:
-            pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
+            # An episode is journaled played and scored at once; one only generated is played again.
+            episode = group.verifier == ENVIRONMENT
+            again = ("created", "dispatched", "generated") if episode else ("created", "dispatched")
+            pending = [a for a in group.attempts if a.state in again]
             self._journal.mark_dispatched([a.sample_id for a in pending])
             await asyncio.gather(*(self._generate(group, a) for a in pending))
             # Journaled once all are back: one not journaled is generated again on a restart.
@@ -282,8 +296,11 @@ class RunLoop:
 
     async def _generate(self, group: GroupRecord, attempt: AttemptRecord) -> None:
         bind_context(sample_id=attempt.sample_id)
-        request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
         try:
+            if self._episodes is not None:
+                await self._play(group, attempt, self._episodes)
+                return
+            request = GenerationRequest(attempt.sample_id, [], self.spec.sampling, prompt_text=group.prompt)
             server, completion = await self._pool.generate(request)
         except PipelineError as exc:  # e.g. a prompt the model cannot take: this attempt is lost, not the run
             log.warning("attempt failed", sample_id=attempt.sample_id, code=exc.code, error=exc.message)
@@ -308,8 +325,26 @@ class RunLoop:
         if completion.tokens.logprobs:
             self._surprisal.append(-statistics.fmean(completion.tokens.logprobs))
 
+    async def _play(self, group: GroupRecord, attempt: AttemptRecord, episodes: EpisodeDriver) -> None:
+        """Play `attempt`'s episode (the group's seed is its prompt); the environment scores it."""
+        result = await episodes.play(attempt.sample_id, int(group.prompt))
+        self._failures_in_a_row = 0
+        attempt.state, attempt.completion, attempt.segments = "generated", result.completion, result.segments
+        attempt.prompt_token_ids, attempt.finish_reason, attempt.server = (
+            result.prompt_token_ids, result.finish_reason, result.server,
+        )  # fmt: skip
+        attempt.reward, attempt.correct = result.reward, result.correct
+        attempt.text = result.text
+        self._counts.generated += 1
+        self._episode_stats.add(result)
+        if result.completion.logprobs:
+            self._surprisal.append(-statistics.fmean(result.completion.logprobs))
+
     async def _score(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
         if not attempts:
+            return
+        if group.verifier == ENVIRONMENT:
+            self._scored([(a, a.reward or 0.0, a.correct) for a in attempts])
             return
         items = [ScoreItem(a.sample_id, group.prompt, a.text, group.answer, group.verifier) for a in attempts]
         # Waits while no replica is up; a batch a replica fails is sent again whole (reward_pool.py).
@@ -324,12 +359,16 @@ class RunLoop:
                 attempt.state = "acked"
                 continue
             correct = any(d.verifier == group.verifier and d.score >= 1.0 for d in result.details)
-            log.debug("attempt scored", sample_id=attempt.sample_id, reward=result.reward, correct=correct)
-            attempt.state, attempt.reward, attempt.correct = "scored", result.reward, correct
-            scored.append((attempt.sample_id, result.reward, correct))
-            self._rewards.append(result.reward)
+            scored.append((attempt, result.reward, correct))
+        self._scored(scored)
+
+    def _scored(self, scored: list[tuple[AttemptRecord, float, bool]]) -> None:
+        for attempt, reward, correct in scored:
+            log.debug("attempt scored", sample_id=attempt.sample_id, reward=reward, correct=correct)
+            attempt.state, attempt.reward, attempt.correct = "scored", reward, correct
+            self._rewards.append(reward)
             self._correct.append(correct)
-        self._journal.mark_scored(scored)
+        self._journal.mark_scored([(a.sample_id, reward, correct) for a, reward, correct in scored])
         self._counts.scored += len(scored)
         if len(scored) > 1:
             self._flat.append(all_equal([reward for _, reward, _ in scored]))
@@ -376,4 +415,36 @@ def _sample(group: GroupRecord, attempt: AttemptRecord, group_size: int) -> Samp
         attempt.reward or 0.0,
         attempt.finish_reason or FinishReason.STOP,
         group_size=group_size,
+        segments=attempt.segments,
     )
+
+
+class _EpisodeCounters:
+    """Totals and moving windows of the episodes played (`Progress.episodes`)."""
+
+    def __init__(self) -> None:
+        self.episodes = self.tool_calls = self.truncated = self.forks = 0
+        self._turns: deque[int] = deque(maxlen=WINDOW)
+        self._steps: deque[float] = deque(maxlen=WINDOW)
+        self._prefill: deque[int] = deque(maxlen=WINDOW)
+
+    def add(self, result: EpisodeResult) -> None:
+        self.episodes += 1
+        self.tool_calls += result.tool_calls
+        self.truncated += result.finish_reason is FinishReason.LENGTH
+        self.forks += result.forks
+        self._turns.append(result.turns)
+        self._steps.extend(result.step_seconds)
+        self._prefill.append(result.prefill_tokens)
+
+    def stats(self, driver: EpisodeDriver) -> EpisodeStats:
+        return EpisodeStats(
+            episodes=self.episodes,
+            turns_mean=statistics.fmean(self._turns) if self._turns else 0.0,
+            tool_calls=self.tool_calls,
+            truncated=self.truncated,
+            forks=self.forks,
+            environment_errors=driver.errors,
+            step_seconds_mean=statistics.fmean(self._steps) if self._steps else 0.0,
+            prefill_tokens_mean=statistics.fmean(self._prefill) if self._prefill else 0.0,
+        )

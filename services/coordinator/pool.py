@@ -85,6 +85,7 @@ class InferencePool:
         self._gate_moved = asyncio.Event()
         self._status_tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._pinned_waiters = 0
         self.redispatches = 0
         """Requests run again after their server went away, was busy or aborted them."""
         for address in addresses:
@@ -172,11 +173,12 @@ class InferencePool:
             raise Unavailable(f"no inference server connected within {timeout_s:g}s")
         return ServerLimits(min(k.max_new_tokens for k in known), min(k.max_context for k in known))
 
-    async def generate(self, request: GenerationRequest) -> tuple[str, Completion]:
-        """Run `request` on the least-loaded server with room; run again, on whichever server has
-        room then, if its server goes away, is busy or aborts it."""
+    async def generate(self, request: GenerationRequest, prefer: str = "") -> tuple[str, Completion]:
+        """Run `request` on the least-loaded server with room, or on `prefer` (an episode's server,
+        waiting for room there) while that one is a connected member; run again, on whichever
+        server has room then, if its server goes away, is busy or aborts it."""
         while True:
-            server, session = await self._reserve()
+            server, session = await self._reserve(prefer)
             try:
                 completion = await session.generate(request)
                 if completion.tokens.versions:  # its last token's: the server's version now
@@ -196,8 +198,12 @@ class InferencePool:
             finally:
                 async with self._changed:
                     server.in_flight -= 1
-                    # One slot freed: wake one waiter, not all (hundreds wait in pipeline mode).
-                    self._changed.notify(1)
+                    # One slot freed: wake one waiter, not all (hundreds wait in pipeline mode),
+                    # unless some wait for one server only (the one woken may wait for another).
+                    if self._pinned_waiters:
+                        self._changed.notify_all()
+                    else:
+                        self._changed.notify(1)
             log.warning(
                 "generation interrupted; retrying", server=server.address, code=code, error=why,
                 sample_id=request.request_id,
@@ -212,14 +218,28 @@ class InferencePool:
             await asyncio.sleep(0.05)
             await self._refresh_servers()
 
-    async def _reserve(self) -> tuple[_Server, GenerateSession]:
+    def _pinned(self, address: str) -> _Server | None:
+        """`address`'s server while it is a connected member."""
+        server = self._servers.get(address) if address else None
+        return server if server is not None and server.session is not None and not server.leaving else None
+
+    def _ready(self, prefer: str) -> bool:
+        pinned = self._pinned(prefer)
+        if pinned is not None:
+            return self._free(pinned) > 0
+        return any(self._free(s) > 0 for s in self._servers.values())
+
+    async def _reserve(self, prefer: str = "") -> tuple[_Server, GenerateSession]:
         async with self._changed:
+            self._pinned_waiters += bool(prefer)
             try:
-                await self._changed.wait_for(lambda: any(self._free(s) > 0 for s in self._servers.values()))
+                await self._changed.wait_for(partial(self._ready, prefer))
             except asyncio.CancelledError:
                 self._changed.notify(1)  # pass on the wakeup this waiter may have been given
                 raise
-            server = max(self._servers.values(), key=self._spare_fraction)
+            finally:
+                self._pinned_waiters -= bool(prefer)
+            server = self._pinned(prefer) or max(self._servers.values(), key=self._spare_fraction)
             assert server.session is not None
             server.in_flight += 1
             return server, server.session
@@ -253,6 +273,7 @@ class InferencePool:
             why = await session.wait_closed()
             async with self._changed:
                 server.session = None
+                self._changed.notify_all()  # those waiting for this server only take another
             await session.__aexit__(None, None, None)
             if server.leaving:
                 return

@@ -46,7 +46,12 @@ class RunSpec:
     max_in_flight: int = 64
     """Most attempts between dispatch and final ack; in sync mode, the attempts of one round."""
     seed: int = 0
-    """Seeds the built-in tasks' problems and the shuffle of a file dataset."""
+    """Seeds the built-in tasks' problems, the shuffle of a file dataset, an environment's episodes."""
+    environment: str = ""
+    """The environment whose episodes the run trains on (its DescribeEnvironment name); empty for
+    single-turn prompts from `dataset`."""
+    max_turns: int = 0
+    """Most model turns per episode; 0: the environment's limit."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,20 @@ class ServerVersion:
     address: str
     version: int
     in_flight: int
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """What the episodes of an environment run did (`pipelinerl.coordinator.v1.EpisodeStats`)."""
+
+    episodes: int = 0
+    turns_mean: float = 0.0
+    tool_calls: int = 0
+    truncated: int = 0
+    forks: int = 0
+    environment_errors: int = 0
+    step_seconds_mean: float = 0.0
+    prefill_tokens_mean: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,8 @@ class Progress:
     """Of the last window of scored groups, those whose rewards were all equal."""
     entropy: float = 0.0
     """Mean negative logprob of the last window's generated tokens: the policy's entropy per token."""
+    episodes: EpisodeStats | None = None
+    """Environment runs only."""
 
 
 @dataclass(frozen=True)

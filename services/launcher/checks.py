@@ -17,6 +17,7 @@ from pipelinerl.common.errors import FieldViolation, InvalidArgument
 from pipelinerl.common.presets import PRESETS, not_a_model
 from pipelinerl.common.settings import split_config_flag
 from pipelinerl.coordinator.tasks import parse_builtin
+from pipelinerl.environment.loader import EnvironmentLoadError, load_environment
 from pipelinerl.launcher.config import RunSettings
 
 
@@ -39,7 +40,12 @@ def check_run(settings: RunSettings) -> None:
     if settings.coordinator_address is not None:
         return
     violations: list[FieldViolation] = []
-    if settings.dataset.startswith("builtin:"):
+    if settings.environment_class is not None:
+        try:
+            load_environment(settings.environment_class, settings.environment_args)
+        except EnvironmentLoadError as exc:
+            violations.append(FieldViolation("environment", str(exc)))
+    elif settings.dataset.startswith("builtin:"):
         try:
             parse_builtin(settings.dataset)
         except InvalidArgument as exc:

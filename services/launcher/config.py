@@ -23,6 +23,10 @@ from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
 from pipelinerl.trainer.config import TrainerSettings
 
+TURN_TOKENS = 40
+"""Tokens per model turn of an episode when `max_new_tokens` is unset: room for a tool call of the
+presets' template (`<call>add{"a":347,"b":582}</call>`) and its end."""
+
 
 class RestartPolicy(BaseModel):
     """How `pipelinerl run` supervises the services it started: a service that exits, answers no
@@ -110,6 +114,16 @@ class RunSettings(LayeredSettings):
     """Wall-clock budget of the run (the run is stopped cleanly when it is spent)."""
     target_reward: float | None = None
     """Stop early once the mean reward reaches this."""
+    environment: str | None = None
+    """Train on the multi-turn episodes of this environment instead of `dataset`'s prompts: a
+    built-in's name (`guess_number`, `calculator`, `frozen_lake`, `blackjack`), or
+    `package.module:Class` / `path/to/file.py:Class` (docs/environments.md)."""
+    environment_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment class (`--environment-args '{"high": 8}'`)."""
+    environment_servers: int = Field(default=1, ge=1)
+    """Environment service processes (replicas); each episode goes to the least loaded one and stays."""
+    max_turns: int = Field(default=0, ge=0)
+    """Most model turns per episode; 0: the environment's own limit."""
     inference_servers: int = Field(default=1, ge=1)
     """Inference server processes."""
     reward_servers: int = Field(default=1, ge=1)
@@ -177,10 +191,19 @@ class RunSettings(LayeredSettings):
 
     @property
     def completion_tokens(self) -> int:
-        """`max_new_tokens`, or what the dataset needs when it is unset."""
+        """`max_new_tokens`, or what the dataset (or one turn of an episode) needs when it is unset."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
+        if self.environment is not None:
+            return TURN_TOKENS
         return max_new_tokens(self.dataset) if self.dataset.startswith("builtin:") else 3
+
+    @property
+    def environment_class(self) -> str | None:
+        """`environment` as the environment service's `env` setting: a bare name is a built-in's."""
+        if self.environment is None or ":" in self.environment:
+            return self.environment
+        return f"builtin:{self.environment}"
 
     @property
     def client_ca_file(self) -> Path | None:

@@ -133,7 +133,11 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
     if settings.client_ca_file is not None:  # each verifies the others' TLS with the run's CA
         inference["trainer_tls_ca_file"] = inference["coordinator_tls_ca_file"] = str(settings.client_ca_file)
         coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
+    if settings.environment is not None:  # the coordinator renders episodes with the model's template
+        coordinator["tokenizer"] = settings.model
+    environment = {"env": settings.environment_class, "env_args": settings.environment_args, **shared}
     return {
+        "environment": environment,
         "reward": merge({"workers": 1, **shared}, overrides(settings.reward)),
         "trainer": merge({**trainer, **shared}, overrides(settings.trainer)),
         "inference": merge({**inference, **shared}, overrides(settings.inference)),
@@ -231,10 +235,16 @@ async def start_services(
         ranks=settings.trainer_ranks,
     )
     processes.append(trainer)
+    environments: list[ServiceProcess] = []
+    for i in range(settings.environment_servers if settings.environment is not None else 0):
+        name = "environment" if settings.environment_servers == 1 else f"environment-{i}"
+        environments.append(start_service(name, "pipelinerl.environment", configs["environment"], run_dir))
+        processes.append(environments[-1])
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in processes))
     addresses = {
         "inference_addresses": [],
         "reward_address": [_given(route, r.name, processes) for r in rewards],
+        "environment_addresses": [_given(route, e.name, processes) for e in environments],
         "trainer_address": _given(route, "trainer", processes),
     }
     coordinator = start_service(
@@ -284,7 +294,9 @@ def _advertised(route: Route | None, name: str, processes: list[ServiceProcess])
 def _spec(settings: RunSettings) -> RunSpec:
     sampling = SamplingParams(max_new_tokens=settings.completion_tokens, temperature=settings.temperature)
     return RunSpec(
-        dataset=settings.dataset,
+        dataset="" if settings.environment is not None else settings.dataset,
+        environment=_environment_name(settings),
+        max_turns=settings.max_turns,
         group_size=settings.group_size,
         max_samples=settings.max_samples,
         sampling=sampling,
@@ -292,6 +304,15 @@ def _spec(settings: RunSettings) -> RunSpec:
         max_in_flight=_in_flight(settings),
         seed=settings.seed,
     )
+
+
+def _environment_name(settings: RunSettings) -> str:
+    """The name the run's environment describes itself with (its class's), or "" for none."""
+    if settings.environment_class is None:
+        return ""
+    from pipelinerl.environment.loader import load_environment
+
+    return load_environment(settings.environment_class, settings.environment_args).display_name()
 
 
 def _in_flight(settings: RunSettings) -> int:
@@ -327,7 +348,7 @@ async def _drive(
                 run = await _resume(settings, client)
         elapsed = time.monotonic() - started
     last = metrics.points[-1] if metrics.points else Point.of(run, elapsed, restarts)
-    title = f"{settings.dataset} — {settings.mode} mode, {settings.model}"
+    title = f"{settings.environment or settings.dataset} — {settings.mode} mode, {settings.model}"
     plot_path = plot(metrics.points, settings.run_dir / "plot.png", title)
     target = settings.target_reward if settings.target_reward is not None else 0.8
     return RunResult(

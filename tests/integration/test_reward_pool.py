@@ -20,7 +20,7 @@ from pipelinerl.common.errors import Unavailable
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.coordinator import membership as membership_module
-from pipelinerl.coordinator import reward_pool as reward_pool_module
+from pipelinerl.coordinator import replicas as replicas_module
 from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.membership import Membership
 from pipelinerl.coordinator.reward_pool import RewardPool
@@ -93,8 +93,8 @@ async def all_up(pool: RewardPool) -> None:
 
 @pytest.fixture(autouse=True)
 def quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reward_pool_module, "PROBE_S", 0.1)
-    monkeypatch.setattr(reward_pool_module, "MAX_PROBE_S", 0.2)
+    monkeypatch.setattr(replicas_module, "PROBE_S", 0.1)
+    monkeypatch.setattr(replicas_module, "MAX_PROBE_S", 0.2)
 
 
 def batch(prefix: str, n: int = 3) -> list[ScoreItem]:

@@ -37,7 +37,7 @@ RUN_STATE_COMPLETED: RunState
 RUN_STATE_FAILED: RunState
 
 class RunSpec(_message.Message):
-    __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed")
+    __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed", "environment", "max_turns")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class RunSpec(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     group_size: int
     max_samples: int
@@ -52,7 +54,9 @@ class RunSpec(_message.Message):
     mode: Mode
     max_in_flight: int
     seed: int
-    def __init__(self, dataset: _Optional[str] = ..., group_size: _Optional[int] = ..., max_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., max_in_flight: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    environment: str
+    max_turns: int
+    def __init__(self, dataset: _Optional[str] = ..., group_size: _Optional[int] = ..., max_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., max_in_flight: _Optional[int] = ..., seed: _Optional[int] = ..., environment: _Optional[str] = ..., max_turns: _Optional[int] = ...) -> None: ...
 
 class ServerVersion(_message.Message):
     __slots__ = ("address", "version", "in_flight")
@@ -65,7 +69,7 @@ class ServerVersion(_message.Message):
     def __init__(self, address: _Optional[str] = ..., version: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("dispatched", "generated", "scored", "trained", "dropped", "samples_per_s", "reward_mean", "correct_fraction", "lag_mean", "trainer_version", "servers", "zero_variance_fraction", "entropy")
+    __slots__ = ("dispatched", "generated", "scored", "trained", "dropped", "samples_per_s", "reward_mean", "correct_fraction", "lag_mean", "trainer_version", "servers", "zero_variance_fraction", "entropy", "episodes")
     DISPATCHED_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +83,7 @@ class Progress(_message.Message):
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     ZERO_VARIANCE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
     dispatched: int
     generated: int
     scored: int
@@ -92,7 +97,28 @@ class Progress(_message.Message):
     servers: _containers.RepeatedCompositeFieldContainer[ServerVersion]
     zero_variance_fraction: float
     entropy: float
-    def __init__(self, dispatched: _Optional[int] = ..., generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., dropped: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., reward_mean: _Optional[float] = ..., correct_fraction: _Optional[float] = ..., lag_mean: _Optional[float] = ..., trainer_version: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerVersion, _Mapping]]] = ..., zero_variance_fraction: _Optional[float] = ..., entropy: _Optional[float] = ...) -> None: ...
+    episodes: EpisodeStats
+    def __init__(self, dispatched: _Optional[int] = ..., generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., dropped: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., reward_mean: _Optional[float] = ..., correct_fraction: _Optional[float] = ..., lag_mean: _Optional[float] = ..., trainer_version: _Optional[int] = ..., servers: _Optional[_Iterable[_Union[ServerVersion, _Mapping]]] = ..., zero_variance_fraction: _Optional[float] = ..., entropy: _Optional[float] = ..., episodes: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
+
+class EpisodeStats(_message.Message):
+    __slots__ = ("episodes", "turns_mean", "tool_calls", "truncated", "forks", "environment_errors", "step_seconds_mean", "prefill_tokens_mean")
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FORKS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    episodes: int
+    turns_mean: float
+    tool_calls: int
+    truncated: int
+    forks: int
+    environment_errors: int
+    step_seconds_mean: float
+    prefill_tokens_mean: float
+    def __init__(self, episodes: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., truncated: _Optional[int] = ..., forks: _Optional[int] = ..., environment_errors: _Optional[int] = ..., step_seconds_mean: _Optional[float] = ..., prefill_tokens_mean: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "spec", "state", "progress", "started_at", "error")

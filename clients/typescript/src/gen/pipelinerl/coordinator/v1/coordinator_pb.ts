@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file pipelinerl/coordinator/v1/coordinator.proto.
  */
 export const file_pipelinerl_coordinator_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("CitwaXBlbGluZXJsL2Nvb3JkaW5hdG9yL3YxL2Nvb3JkaW5hdG9yLnByb3RvEhlwaXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxIs8BCgdSdW5TcGVjEg8KB2RhdGFzZXQYASABKAkSEgoKZ3JvdXBfc2l6ZRgCIAEoBRITCgttYXhfc2FtcGxlcxgDIAEoAxI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEi0KBG1vZGUYBSABKA4yHy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLk1vZGUSFQoNbWF4X2luX2ZsaWdodBgGIAEoBRIMCgRzZWVkGAcgASgEIkQKDVNlcnZlclZlcnNpb24SDwoHYWRkcmVzcxgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhEKCWluX2ZsaWdodBgDIAEoBSLAAgoIUHJvZ3Jlc3MSEgoKZGlzcGF0Y2hlZBgBIAEoAxIRCglnZW5lcmF0ZWQYAiABKAMSDgoGc2NvcmVkGAMgASgDEg8KB3RyYWluZWQYBCABKAMSDwoHZHJvcHBlZBgFIAEoAxIVCg1zYW1wbGVzX3Blcl9zGAYgASgBEhMKC3Jld2FyZF9tZWFuGAcgASgBEhgKEGNvcnJlY3RfZnJhY3Rpb24YCCABKAESEAoIbGFnX21lYW4YCSABKAESFwoPdHJhaW5lcl92ZXJzaW9uGAogASgDEjkKB3NlcnZlcnMYCyADKAsyKC5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlNlcnZlclZlcnNpb24SHgoWemVyb192YXJpYW5jZV9mcmFjdGlvbhgMIAEoARIPCgdlbnRyb3B5GA0gASgBIvEBCgNSdW4SDgoGcnVuX2lkGAEgASgJEjAKBHNwZWMYAiABKAsyIi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blNwZWMSMgoFc3RhdGUYAyABKA4yIy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blN0YXRlEjUKCHByb2dyZXNzGAQgASgLMiMucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5Qcm9ncmVzcxIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVlcnJvchgGIAEoCSJTCg9TdGFydFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjAKBHNwZWMYAiABKAsyIi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blNwZWMiPwoQU3RhcnRSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIfCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI9Cg5HZXRSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIgCg5TdG9wUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPgoPU3RvcFJ1blJlc3BvbnNlEisKA3J1bhgBIAEoCzIeLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUnVuIiEKD1dhdGNoUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPwoQV2F0Y2hSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biJCCh5SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlcXVlc3QSDwoHYWRkcmVzcxgBIAEoCRIPCgdsZWF2aW5nGAIgASgIIksKH1JlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVzcG9uc2USKAoFbGVhc2UYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24qPgoETW9kZRIUChBNT0RFX1VOU1BFQ0lGSUVEEAASEQoNTU9ERV9QSVBFTElORRABEg0KCU1PREVfU1lOQxACKpoBCghSdW5TdGF0ZRIZChVSVU5fU1RBVEVfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVEVfUlVOTklORxABEhYKElJVTl9TVEFURV9TVE9QUElORxACEhUKEVJVTl9TVEFURV9TVE9QUEVEEAMSFwoTUlVOX1NUQVRFX0NPTVBMRVRFRBAEEhQKEFJVTl9TVEFURV9GQUlMRUQQBTK0BAoSQ29vcmRpbmF0b3JTZXJ2aWNlEmMKCFN0YXJ0UnVuEioucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdGFydFJ1blJlcXVlc3QaKy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlN0YXJ0UnVuUmVzcG9uc2USXQoGR2V0UnVuEigucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5HZXRSdW5SZXF1ZXN0GikucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5HZXRSdW5SZXNwb25zZRJgCgdTdG9wUnVuEikucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdG9wUnVuUmVxdWVzdBoqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RvcFJ1blJlc3BvbnNlEmUKCFdhdGNoUnVuEioucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5XYXRjaFJ1blJlcXVlc3QaKy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLldhdGNoUnVuUmVzcG9uc2UwARKQAQoXUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXISOS5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVxdWVzdBo6LnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXJSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_pipelinerl_common_v1_common]);
+  fileDesc("CitwaXBlbGluZXJsL2Nvb3JkaW5hdG9yL3YxL2Nvb3JkaW5hdG9yLnByb3RvEhlwaXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxIvcBCgdSdW5TcGVjEg8KB2RhdGFzZXQYASABKAkSEgoKZ3JvdXBfc2l6ZRgCIAEoBRITCgttYXhfc2FtcGxlcxgDIAEoAxI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEi0KBG1vZGUYBSABKA4yHy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLk1vZGUSFQoNbWF4X2luX2ZsaWdodBgGIAEoBRIMCgRzZWVkGAcgASgEEhMKC2Vudmlyb25tZW50GAggASgJEhEKCW1heF90dXJucxgJIAEoBSJECg1TZXJ2ZXJWZXJzaW9uEg8KB2FkZHJlc3MYASABKAkSDwoHdmVyc2lvbhgCIAEoAxIRCglpbl9mbGlnaHQYAyABKAUi+wIKCFByb2dyZXNzEhIKCmRpc3BhdGNoZWQYASABKAMSEQoJZ2VuZXJhdGVkGAIgASgDEg4KBnNjb3JlZBgDIAEoAxIPCgd0cmFpbmVkGAQgASgDEg8KB2Ryb3BwZWQYBSABKAMSFQoNc2FtcGxlc19wZXJfcxgGIAEoARITCgtyZXdhcmRfbWVhbhgHIAEoARIYChBjb3JyZWN0X2ZyYWN0aW9uGAggASgBEhAKCGxhZ19tZWFuGAkgASgBEhcKD3RyYWluZXJfdmVyc2lvbhgKIAEoAxI5CgdzZXJ2ZXJzGAsgAygLMigucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TZXJ2ZXJWZXJzaW9uEh4KFnplcm9fdmFyaWFuY2VfZnJhY3Rpb24YDCABKAESDwoHZW50cm9weRgNIAEoARI5CghlcGlzb2RlcxgOIAEoCzInLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuRXBpc29kZVN0YXRzIr4BCgxFcGlzb2RlU3RhdHMSEAoIZXBpc29kZXMYASABKAMSEgoKdHVybnNfbWVhbhgCIAEoARISCgp0b29sX2NhbGxzGAMgASgDEhEKCXRydW5jYXRlZBgEIAEoAxINCgVmb3JrcxgFIAEoAxIaChJlbnZpcm9ubWVudF9lcnJvcnMYBiABKAMSGQoRc3RlcF9zZWNvbmRzX21lYW4YByABKAESGwoTcHJlZmlsbF90b2tlbnNfbWVhbhgIIAEoASLxAQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIwCgRzcGVjGAIgASgLMiIucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TcGVjEjIKBXN0YXRlGAMgASgOMiMucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TdGF0ZRI1Cghwcm9ncmVzcxgEIAEoCzIjLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUHJvZ3Jlc3MSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXJyb3IYBiABKAkiUwoPU3RhcnRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIwCgRzcGVjGAIgASgLMiIucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TcGVjIj8KEFN0YXJ0UnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPQoOR2V0UnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iIAoOU3RvcFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIj4KD1N0b3BSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIhCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIj8KEFdhdGNoUnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iQgoeUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXJSZXF1ZXN0Eg8KB2FkZHJlc3MYASABKAkSDwoHbGVhdmluZxgCIAEoCCJLCh9SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlc3BvbnNlEigKBWxlYXNlGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKj4KBE1vZGUSFAoQTU9ERV9VTlNQRUNJRklFRBAAEhEKDU1PREVfUElQRUxJTkUQARINCglNT0RFX1NZTkMQAiqaAQoIUnVuU3RhdGUSGQoVUlVOX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRFX1JVTk5JTkcQARIWChJSVU5fU1RBVEVfU1RPUFBJTkcQAhIVChFSVU5fU1RBVEVfU1RPUFBFRBADEhcKE1JVTl9TVEFURV9DT01QTEVURUQQBBIUChBSVU5fU1RBVEVfRkFJTEVEEAUytAQKEkNvb3JkaW5hdG9yU2VydmljZRJjCghTdGFydFJ1bhIqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RhcnRSdW5SZXF1ZXN0GisucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdGFydFJ1blJlc3BvbnNlEl0KBkdldFJ1bhIoLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuR2V0UnVuUmVxdWVzdBopLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuR2V0UnVuUmVzcG9uc2USYAoHU3RvcFJ1bhIpLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RvcFJ1blJlcXVlc3QaKi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlN0b3BSdW5SZXNwb25zZRJlCghXYXRjaFJ1bhIqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuV2F0Y2hSdW5SZXF1ZXN0GisucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5XYXRjaFJ1blJlc3BvbnNlMAESkAEKF1JlZ2lzdGVySW5mZXJlbmNlU2VydmVyEjkucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlcXVlc3QaOi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_pipelinerl_common_v1_common]);
 
 /**
  * What to run.
@@ -73,11 +73,31 @@ export type RunSpec = Message<"pipelinerl.coordinator.v1.RunSpec"> & {
   maxInFlight: number;
 
   /**
-   * Seed of the prompt order.
+   * Seed of the prompt order (and of the episodes of an environment run).
    *
    * @generated from field: uint64 seed = 7;
    */
   seed: bigint;
+
+  /**
+   * Name of an environment (as its DescribeEnvironment says it) whose multi-turn episodes the run
+   * trains on, played on the coordinator's environment replicas; each group is one episode seed
+   * played by every attempt. Empty: single-turn prompts from `dataset`. With an environment,
+   * `dataset` must be empty: the environment draws the tasks. FAILED_PRECONDITION at StartRun
+   * when no environment replica serves that name or the coordinator has no tokenizer to render
+   * episodes with.
+   *
+   * @generated from field: string environment = 8;
+   */
+  environment: string;
+
+  /**
+   * Most model turns per episode (an episode that reaches it ends truncated); 0: the
+   * environment's own limit. `sampling.max_new_tokens` bounds each turn.
+   *
+   * @generated from field: int32 max_turns = 9;
+   */
+  maxTurns: number;
 };
 
 /**
@@ -221,6 +241,13 @@ export type Progress = Message<"pipelinerl.coordinator.v1.Progress"> & {
    * @generated from field: double entropy = 13;
    */
   entropy: number;
+
+  /**
+   * Multi-turn episodes of an environment run; unset for single-turn runs.
+   *
+   * @generated from field: pipelinerl.coordinator.v1.EpisodeStats episodes = 14;
+   */
+  episodes?: EpisodeStats | undefined;
 };
 
 /**
@@ -229,6 +256,79 @@ export type Progress = Message<"pipelinerl.coordinator.v1.Progress"> & {
  */
 export const ProgressSchema: GenMessage<Progress> = /*@__PURE__*/
   messageDesc(file_pipelinerl_coordinator_v1_coordinator, 2);
+
+/**
+ * What the episodes of an environment run did. Means are over the last window of episodes.
+ *
+ * @generated from message pipelinerl.coordinator.v1.EpisodeStats
+ */
+export type EpisodeStats = Message<"pipelinerl.coordinator.v1.EpisodeStats"> & {
+  /**
+   * Episodes played to their end (each one attempt), restarts not counted.
+   *
+   * @generated from field: int64 episodes = 1;
+   */
+  episodes: bigint;
+
+  /**
+   * Mean model turns per episode.
+   *
+   * @generated from field: double turns_mean = 2;
+   */
+  turnsMean: number;
+
+  /**
+   * Tool calls the model made, in all.
+   *
+   * @generated from field: int64 tool_calls = 3;
+   */
+  toolCalls: bigint;
+
+  /**
+   * Episodes that ended truncated: by the environment, the turn limit, the context or a turn cut
+   * by max_new_tokens.
+   *
+   * @generated from field: int64 truncated = 4;
+   */
+  truncated: bigint;
+
+  /**
+   * Episodes whose token stream could not be proven equal to a full render of their messages
+   * (the sample ends there; see docs/environments.md).
+   *
+   * @generated from field: int64 forks = 5;
+   */
+  forks: bigint;
+
+  /**
+   * Environment calls that failed (unreachable, too slow, a crash, a broken reply); each restarts
+   * its episode from the start, with the same seed, on a replica that is up.
+   *
+   * @generated from field: int64 environment_errors = 6;
+   */
+  environmentErrors: bigint;
+
+  /**
+   * Mean seconds of one StepEpisode call.
+   *
+   * @generated from field: double step_seconds_mean = 7;
+   */
+  stepSecondsMean: number;
+
+  /**
+   * Mean prompt tokens the inference servers prefilled per episode (every turn's whole history).
+   *
+   * @generated from field: double prefill_tokens_mean = 8;
+   */
+  prefillTokensMean: number;
+};
+
+/**
+ * Describes the message pipelinerl.coordinator.v1.EpisodeStats.
+ * Use `create(EpisodeStatsSchema)` to create a new message.
+ */
+export const EpisodeStatsSchema: GenMessage<EpisodeStats> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 3);
 
 /**
  * A run.
@@ -284,7 +384,7 @@ export type Run = Message<"pipelinerl.coordinator.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 3);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 4);
 
 /**
  * Starts a run.
@@ -312,7 +412,7 @@ export type StartRunRequest = Message<"pipelinerl.coordinator.v1.StartRunRequest
  * Use `create(StartRunRequestSchema)` to create a new message.
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 4);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 5);
 
 /**
  * The started (or resumed) run.
@@ -333,7 +433,7 @@ export type StartRunResponse = Message<"pipelinerl.coordinator.v1.StartRunRespon
  * Use `create(StartRunResponseSchema)` to create a new message.
  */
 export const StartRunResponseSchema: GenMessage<StartRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 5);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 6);
 
 /**
  * Asks for a run.
@@ -354,7 +454,7 @@ export type GetRunRequest = Message<"pipelinerl.coordinator.v1.GetRunRequest"> &
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 6);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 7);
 
 /**
  * The run.
@@ -375,7 +475,7 @@ export type GetRunResponse = Message<"pipelinerl.coordinator.v1.GetRunResponse">
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 7);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 8);
 
 /**
  * Stops a run.
@@ -396,7 +496,7 @@ export type StopRunRequest = Message<"pipelinerl.coordinator.v1.StopRunRequest">
  * Use `create(StopRunRequestSchema)` to create a new message.
  */
 export const StopRunRequestSchema: GenMessage<StopRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 8);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 9);
 
 /**
  * The stopping run.
@@ -417,7 +517,7 @@ export type StopRunResponse = Message<"pipelinerl.coordinator.v1.StopRunResponse
  * Use `create(StopRunResponseSchema)` to create a new message.
  */
 export const StopRunResponseSchema: GenMessage<StopRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 9);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 10);
 
 /**
  * Watches a run.
@@ -438,7 +538,7 @@ export type WatchRunRequest = Message<"pipelinerl.coordinator.v1.WatchRunRequest
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 10);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 11);
 
 /**
  * A progress update.
@@ -459,7 +559,7 @@ export type WatchRunResponse = Message<"pipelinerl.coordinator.v1.WatchRunRespon
  * Use `create(WatchRunResponseSchema)` to create a new message.
  */
 export const WatchRunResponseSchema: GenMessage<WatchRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 11);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 12);
 
 /**
  * Joins (or renews, or leaves) the pool of inference servers.
@@ -489,7 +589,7 @@ export type RegisterInferenceServerRequest = Message<"pipelinerl.coordinator.v1.
  * Use `create(RegisterInferenceServerRequestSchema)` to create a new message.
  */
 export const RegisterInferenceServerRequestSchema: GenMessage<RegisterInferenceServerRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 12);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 13);
 
 /**
  * The lease granted.
@@ -510,7 +610,7 @@ export type RegisterInferenceServerResponse = Message<"pipelinerl.coordinator.v1
  * Use `create(RegisterInferenceServerResponseSchema)` to create a new message.
  */
 export const RegisterInferenceServerResponseSchema: GenMessage<RegisterInferenceServerResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 13);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 14);
 
 /**
  * How the run overlaps generation and training.

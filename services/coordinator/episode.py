@@ -1,0 +1,243 @@
+"""One multi-turn episode of an environment run, driven by the coordinator: the attempt of a group.
+
+    reserve an environment replica (least loaded, up) ─► StartEpisode(id, the group's seed)
+    ─► render the opening with the model's chat template ─► loop:
+         generate a turn from the episode's tokens (its inference server pinned: the first turn's)
+         ─► parse the turn's token ids into an assistant message ─► StepEpisode(turn, message)
+         ─► append only the reply's tokens (episode_tokens.py)
+       until the environment ends it, the turn limit, the context, or a turn cut by max_new_tokens
+    ─► EndEpisode
+
+Every environment call has a deadline. A call the environment fails (unreachable, too slow, its
+code crashed, the episode gone, a reply that breaks the contract: an assistant message, the wrong
+shape) is infrastructure, never scored: the replica is set down (replicas.py) and the episode starts
+again from the start, with the same seed, on a replica that is up, `MAX_TRIES` times in all; then
+the attempt fails with the last error. The model's own mistakes are observations the environment
+answers in-band.
+
+A turn is never re-tokenized: what the model sampled stays in the sample as sampled, with its
+logprobs and weight versions, and the environment's replies are context tokens (no loss). Where the
+token stream cannot be proven equal to a full render of the messages (a fork), the sample ends
+there: the episode plays on, its reward is the whole episode's, and the turns after the fork are
+not trained (counted as `forks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from pipelinerl.common.errors import FailedPrecondition, PipelineError
+from pipelinerl.common.log import get_logger
+from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
+from pipelinerl.coordinator.chat_render import ChatRenderer
+from pipelinerl.coordinator.episode_tokens import EpisodeTokens, SegmentedTokens
+from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.replicas import RETRIED, Replica, ReplicaPool
+from pipelinerl.coordinator.types import RunSpec
+from pipelinerl.environment.client import EnvironmentClient
+from pipelinerl.environment.types import Message, Role, Tool
+from pipelinerl.inference.types import GenerationRequest
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+MAX_TRIES = 3
+"""Times an episode is played from the start after environment failures before its attempt fails."""
+CALL_TIMEOUT_S = 60.0
+"""Deadline of one StartEpisode or StepEpisode call: a hanging environment fails its episode."""
+END_TIMEOUT_S = 5.0
+CORRECT = "correct"
+"""The reward component that, at 1 or more, counts an episode correct."""
+
+
+@dataclass
+class EpisodeResult:
+    """A played episode as its attempt records it."""
+
+    prompt_token_ids: list[int]
+    completion: TokenSequence
+    """Every token after the prompt, model and context alike; logprobs and versions of the model's."""
+    segments: tuple[Segment, ...]
+    reward: float
+    """The sum of every reward component of every step."""
+    correct: bool
+    finish_reason: FinishReason
+    """STOP when the environment terminated it; LENGTH when it was truncated."""
+    server: str
+    text: str = ""
+    """The completion decoded, for the journal and the logs."""
+    turns: int = 0
+    tool_calls: int = 0
+    forks: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    prefill_tokens: int = 0
+    environment_errors: int = 0
+    """Failed environment calls before this play (each restarted the episode)."""
+
+
+class EnvironmentBroke(PipelineError):
+    """The environment's reply breaks the contract (an assistant message, for one)."""
+
+    code = "INTERNAL"
+
+
+class EpisodeDriver:
+    """Plays episodes of one run on `environments`, generating turns on `pool`."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        pool: InferencePool,
+        environments: ReplicaPool[EnvironmentClient],
+        renderer: ChatRenderer,
+        *,
+        max_context: int,
+    ) -> None:
+        self._spec = spec
+        self._pool = pool
+        self._environments = environments
+        self._renderer = renderer
+        self._max_context = max_context
+        self.errors = 0
+        """Environment calls that failed, in all."""
+
+    async def play(self, episode_id: str, seed: int) -> EpisodeResult:
+        """Play episode `episode_id` with `seed` to its end; FailedPrecondition after MAX_TRIES
+        plays failed by the environment, another PipelineError when generation fails."""
+        failures = 0
+        while True:
+            async with self._environments.reserve() as replica:
+                try:
+                    result = await self._play_once(replica, f"{episode_id}.{failures}", seed)
+                    self._environments.succeeded(replica)
+                    result.environment_errors = failures
+                    return result
+                except _EnvironmentFailed as failed:
+                    error = failed.error
+                    if error.code in RETRIED:
+                        await self._environments.failed(replica, error.code, error.message)
+            failures += 1
+            self.errors += 1
+            log.warning(
+                "environment failed an episode; playing it again from the start",
+                episode_id=episode_id, replica=replica.address, code=error.code, error=error.message,
+                tries=failures,
+            )  # fmt: skip
+            if failures >= MAX_TRIES:
+                raise FailedPrecondition(
+                    f"the environment failed episode {episode_id} {failures} times, the last with "
+                    f"{error.code}: {error.message}"
+                )
+
+    async def _play_once(
+        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int
+    ) -> EpisodeResult:
+        env = replica.client
+        opening = await _call(env.start(episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S))
+        try:
+            return await self._turns(env, episode_id, opening.messages, opening.tools, opening.max_turns)
+        finally:
+            try:
+                await env.end(episode_id, timeout_s=END_TIMEOUT_S)
+            except PipelineError as exc:  # the replica reaps it after its lease anyway
+                log.debug("EndEpisode failed", episode_id=episode_id, code=exc.code)
+
+    async def _turns(
+        self,
+        env: EnvironmentClient,
+        episode_id: str,
+        opening: Sequence[Message],
+        tools: Sequence[Tool],
+        env_max_turns: int,
+    ) -> EpisodeResult:
+        _check_reply(opening)
+        max_turns = min((t for t in (self._spec.max_turns, env_max_turns) if t > 0), default=0)
+        tokens = EpisodeTokens(self._renderer, opening, tools, max_context=self._max_context)
+        server, reward, correct, truncated = "", 0.0, False, False
+        tool_calls, prefill, step_seconds = 0, 0, []
+        first_sample_turns = 0
+        while True:
+            budget = tokens.max_new_tokens(self._spec.sampling.max_new_tokens)
+            if budget == 0:
+                truncated = True  # the context is full
+                break
+            prompt = tokens.token_ids
+            prefill += len(prompt)
+            sampling = dataclasses.replace(self._spec.sampling, max_new_tokens=budget)
+            request = GenerationRequest(f"{episode_id}-t{tokens.turns + 1}", prompt, sampling)
+            server, completion = await self._pool.generate(request, prefer=server)
+            turn = tokens.add_turn(completion.tokens, completion.finish_reason)
+            tool_calls += len(turn.message.tool_calls)
+            if tokens.forks == 0:
+                first_sample_turns = tokens.turns
+            if turn.truncated:
+                truncated = True  # cut by max_new_tokens: never bridged
+                break
+            started = time.monotonic()
+            step = await _call(env.step(episode_id, tokens.turns, turn.message, timeout_s=CALL_TIMEOUT_S))
+            step_seconds.append(time.monotonic() - started)
+            reward += step.reward
+            correct = correct or any(c.name == CORRECT and c.value >= 1.0 for c in step.rewards)
+            if step.ended:
+                truncated = step.truncated and not step.terminated
+                break
+            if max_turns and tokens.turns >= max_turns:
+                truncated = True
+                break
+            _check_reply(step.messages)
+            tokens.add_reply(step.messages)
+        sample = tokens.samples()[0]
+        log.debug("episode played", episode_id=episode_id, turns=tokens.turns, reward=reward,
+                  forks=tokens.forks, trained_turns=first_sample_turns)  # fmt: skip
+        prompt_ids, completion, segments = _split(sample)
+        return EpisodeResult(
+            prompt_ids,
+            completion,
+            segments,
+            reward,
+            correct,
+            FinishReason.LENGTH if truncated else FinishReason.STOP,
+            server,
+            text=self._renderer.decode(completion.token_ids),
+            turns=tokens.turns,
+            tool_calls=tool_calls,
+            forks=tokens.forks,
+            step_seconds=step_seconds,
+            prefill_tokens=prefill,
+        )
+
+
+class _EnvironmentFailed(Exception):
+    def __init__(self, error: PipelineError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+async def _call(call: Awaitable[T]) -> T:
+    """An environment call's result; its failure as `_EnvironmentFailed` (a generation's failure
+    is not the environment's, so it is not caught where turns are generated)."""
+    try:
+        return await call
+    except PipelineError as exc:
+        raise _EnvironmentFailed(exc) from exc
+
+
+def _check_reply(messages: Sequence[Message]) -> None:
+    if any(m.role is Role.ASSISTANT for m in messages):
+        raise _EnvironmentFailed(EnvironmentBroke("the environment replied with an assistant message"))
+
+
+def _split(sample: SegmentedTokens) -> tuple[list[int], TokenSequence, tuple[Segment, ...]]:
+    """A sample as the trainer's record: the prompt, then the completion tiled by segments."""
+    start = sample.prompt_length
+    segments = tuple(
+        Segment(SegmentKind.MODEL if is_model else SegmentKind.CONTEXT, end - begin)
+        for begin, end, is_model in sample.segments()
+        if begin >= start
+    )
+    completion = TokenSequence(list(sample.token_ids[start:]), list(sample.logprobs), list(sample.versions))
+    return list(sample.token_ids[:start]), completion, segments
