@@ -18,6 +18,9 @@ from pipelinerl.environment.validation import check_tools
 BUILTIN = {
     "guess_number": "pipelinerl.environment.builtin.guess_number:GuessNumber",
     "calculator": "pipelinerl.environment.builtin.calculator:Calculator",
+    # Gymnasium's, as text (the `gymnasium` extra).
+    "frozen_lake": "pipelinerl.environment.adapters.gymnasium:FrozenLake",
+    "blackjack": "pipelinerl.environment.adapters.gymnasium:Blackjack",
 }
 """`builtin:<name>` → where its class lives."""
 
