@@ -75,7 +75,7 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         await asyncio.wait_for(reward.wait_reachable(True), PROBE_TIMEOUT_S)
     submitter.start()
     registry = CollectorRegistry()
-    metrics.watch(registry, coordinator.runs, journal.counts, pool, reward)
+    metrics.watch(registry, coordinator.runs, journal.counts, pool, reward, environments)
 
     follower: list[asyncio.Task[None]] = []
 

@@ -1,12 +1,14 @@
 """Prometheus metrics of the coordinator (`pipelinerl_coordinator_*`, listed in
 docs/observability.md), all read at each scrape (in the event loop): the runs' progress, the
-journal's attempts per state, the inference pool (each server's version and load, re-dispatches)
-and the reward pool (each replica's state and load, calls sent again).
+journal's attempts per state, the inference pool (each server's version and load, re-dispatches),
+the reward and environment pools (each replica's state and load, calls sent again) and the episodes
+of environment runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,7 +16,8 @@ from prometheus_client.metrics_core import Metric
 
 from pipelinerl.common.metrics import counters, register_snapshot
 from pipelinerl.coordinator.pool import InferencePool
-from pipelinerl.coordinator.reward_pool import ReplicaState, RewardPool
+from pipelinerl.coordinator.replicas import ReplicaPool, ReplicaState
+from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.types import RunInfo
 
 PREFIX = "pipelinerl_coordinator"
@@ -28,6 +31,20 @@ RUN_GAUGES = {
     "trainer_version": "The trainer's newest version, as its acks report it.",
     "zero_variance_ratio": "Fraction of the last 32 scored groups whose rewards were all equal.",
     "entropy_nats": "Mean negative logprob per generated token of the last 256 attempts (policy entropy).",
+}
+
+
+EPISODE_GAUGES = {
+    "episode_turns_mean": "Mean model turns of the last 256 episodes of an environment run.",
+    "environment_step_seconds_mean": "Mean seconds of the last 256 StepEpisode calls.",
+    "episode_prefill_tokens_mean": "Mean prompt tokens prefilled per episode (all turns), last 256.",
+}
+EPISODE_COUNTERS = {
+    "episodes": "Episodes played to their end (restarts not counted).",
+    "tool_calls": "Tool calls the model made in episodes.",
+    "episodes_truncated": "Episodes ended truncated (by the environment, turns, context or max_new_tokens).",
+    "episode_forks": "Episodes whose tokens could not be proven equal to a full render (sample cut there).",
+    "environment_errors": "Environment calls that failed; each restarted its episode from the start.",
 }
 
 
@@ -50,8 +67,9 @@ def watch(
     journal_counts: Callable[[str], dict[str, int]],
     pool: InferencePool,
     reward: RewardPool,
+    environments: ReplicaPool[Any],
 ) -> None:
-    """Read the runs, the journal and both pools at every scrape."""
+    """Read the runs, the journal and the pools at every scrape."""
 
     def snapshot() -> Iterator[Metric]:
         infos = runs()
@@ -62,7 +80,9 @@ def watch(
         yield from _progress(infos)
         yield from _journal(infos, journal_counts)
         yield from _servers(pool.snapshot())
-        yield from _replicas(reward.snapshot())
+        yield from _replicas("reward", reward.snapshot())
+        yield from _replicas("environment", environments.snapshot())
+        yield from _episodes(infos)
         docs = {
             "redispatches": "Requests run again after their server went away, was busy or aborted them.",
             "reward_calls": "Score calls made; groups scored in the same turn share one.",
@@ -136,15 +156,40 @@ def _servers(servers: list[tuple[str, int, int]]) -> Iterator[Metric]:
     yield load
 
 
-def _replicas(replicas: list[ReplicaState]) -> Iterator[Metric]:
+def _episodes(runs: list[RunInfo]) -> Iterator[Metric]:
+    gauges = {n: GaugeMetricFamily(f"{PREFIX}_{n}", doc, labels=["run"]) for n, doc in EPISODE_GAUGES.items()}
+    totals = {
+        n: CounterMetricFamily(f"{PREFIX}_{n}", doc, labels=["run"]) for n, doc in EPISODE_COUNTERS.items()
+    }
+    for run in runs:
+        if (e := run.progress.episodes) is None:
+            continue
+        values = {
+            "episode_turns_mean": e.turns_mean,
+            "environment_step_seconds_mean": e.step_seconds_mean,
+            "episode_prefill_tokens_mean": e.prefill_tokens_mean,
+            "episodes": e.episodes,
+            "tool_calls": e.tool_calls,
+            "episodes_truncated": e.truncated,
+            "episode_forks": e.forks,
+            "environment_errors": e.environment_errors,
+        }
+        for name, family in (gauges | totals).items():
+            family.add_metric([run.run_id], values[name])
+    yield from gauges.values()
+    yield from totals.values()
+
+
+def _replicas(kind: str, replicas: list[ReplicaState]) -> Iterator[Metric]:
+    calls = {"reward": "Score calls", "environment": "episodes"}[kind]
     up = GaugeMetricFamily(
-        f"{PREFIX}_reward_replica_up",
-        "1 while a reward replica takes Score calls (its health says SERVING, no call failed since).",
+        f"{PREFIX}_{kind}_replica_up",
+        f"1 while a {kind} replica takes {calls} (its health says SERVING, no call failed since).",
         labels=["replica"],
     )
     load = GaugeMetricFamily(
-        f"{PREFIX}_reward_replica_in_flight",
-        "Score calls in flight on each reward replica.",
+        f"{PREFIX}_{kind}_replica_in_flight",
+        f"{calls.capitalize()} in flight on each {kind} replica.",
         labels=["replica"],
     )
     for replica in replicas:

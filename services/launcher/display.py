@@ -42,6 +42,12 @@ class RunDisplay:
             f"zero-var {p.zero_variance_fraction:.2f}  entropy {p.entropy:.2f}  "
             f"trained {p.trained}  {p.samples_per_s:.0f}/s  v{p.trainer_version} [{versions}]"
         )
+        if (e := p.episodes) is not None:
+            status += (
+                f"  turns {e.turns_mean:.1f}  tools {e.tool_calls}  truncated {e.truncated}/{e.episodes}"
+                f"  forks {e.forks}  env errors {e.environment_errors}"
+                f"  step {e.step_seconds_mean * 1e3:.0f} ms"
+            )
         if self._restarts:
             status += "  restarts " + ",".join(f"{name}:{n}" for name, n in sorted(self._restarts.items()))
         done = p.trained if self._by_samples else elapsed_s

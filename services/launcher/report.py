@@ -4,6 +4,7 @@ and over trained samples); and the plot of several runs' rewards side by side (`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ class Point:
     entropy: float
     restarts: dict[str, int] = field(default_factory=dict)
     """Restarts of each service so far (services never restarted are left out)."""
+    episodes: dict[str, float] | None = None
+    """An environment run's `EpisodeStats`: turns, tool calls, truncations, forks, errors, latency."""
 
     @classmethod
     def of(cls, run: RunInfo, elapsed_s: float, restarts: Mapping[str, int] | None = None) -> Point:
@@ -43,6 +46,7 @@ class Point:
             zero_variance=p.zero_variance_fraction,
             entropy=p.entropy,
             restarts=dict(restarts or {}),
+            episodes=dataclasses.asdict(p.episodes) if p.episodes else None,
         )
 
 
