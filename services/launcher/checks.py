@@ -40,7 +40,7 @@ def check_run(settings: RunSettings) -> None:
     if settings.coordinator_address is not None:
         return
     violations: list[FieldViolation] = []
-    if settings.environment_class is not None:
+    if settings.environment_class is not None and settings.environment_servers > 0:
         try:
             load_environment(settings.environment_class, settings.environment_args)
         except EnvironmentLoadError as exc:

@@ -120,8 +120,11 @@ class RunSettings(LayeredSettings):
     `package.module:Class` / `path/to/file.py:Class` (docs/environments.md)."""
     environment_args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment class (`--environment-args '{"high": 8}'`)."""
-    environment_servers: int = Field(default=1, ge=1)
-    """Environment service processes (replicas); each episode goes to the least loaded one and stays."""
+    environment_servers: int = Field(default=1, ge=0)
+    """Environment service processes (replicas); each episode goes to the least loaded one and stays.
+    0: start none, and play on the replicas `coordinator: {environment_addresses: [...]}` names
+    (an environment served apart, in any language); `environment` is then the name it describes
+    itself with."""
     max_turns: int = Field(default=0, ge=0)
     """Most model turns per episode; 0: the environment's own limit."""
     inference_servers: int = Field(default=1, ge=1)
@@ -201,7 +204,7 @@ class RunSettings(LayeredSettings):
     @property
     def environment_class(self) -> str | None:
         """`environment` as the environment service's `env` setting: a bare name is a built-in's."""
-        if self.environment is None or ":" in self.environment:
+        if self.environment is None or ":" in self.environment or self.environment_servers == 0:
             return self.environment
         return f"builtin:{self.environment}"
 

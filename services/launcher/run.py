@@ -244,9 +244,10 @@ async def start_services(
     addresses = {
         "inference_addresses": [],
         "reward_address": [_given(route, r.name, processes) for r in rewards],
-        "environment_addresses": [_given(route, e.name, processes) for e in environments],
         "trainer_address": _given(route, "trainer", processes),
     }
+    if environments:  # else those the coordinator's section names, if any
+        addresses["environment_addresses"] = [_given(route, e.name, processes) for e in environments]
     coordinator = start_service(
         "coordinator", "pipelinerl.coordinator", merge(configs["coordinator"], addresses), run_dir
     )
@@ -310,6 +311,8 @@ def _environment_name(settings: RunSettings) -> str:
     """The name the run's environment describes itself with (its class's), or "" for none."""
     if settings.environment_class is None:
         return ""
+    if settings.environment_servers == 0:  # served apart: the name is given
+        return settings.environment_class
     from pipelinerl.environment.loader import load_environment
 
     return load_environment(settings.environment_class, settings.environment_args).display_name()

@@ -1,0 +1,134 @@
+"""Environment runs through real processes: `pipelinerl run --environment` trains on multi-turn
+episodes, every sample a token stream of model and context segments that the trainer trains
+exactly once, across a coordinator crash too; and an environment written in TypeScript, served
+apart, is trained against the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.common.model import build_tokenizer
+from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.run import launch
+from tests.e2e.test_failover import assert_nothing_failed
+
+pytestmark = pytest.mark.slow
+
+BUDGET = 256
+TS_SERVER = Path(__file__).resolve().parents[2] / "clients/typescript/examples/guess-number-env/serve.sh"
+
+
+def _settings(run_dir: Path, **overrides: object) -> RunSettings:
+    fields: dict[str, object] = dict(
+        run_dir=run_dir,
+        environment="guess_number",
+        max_samples=BUDGET,
+        duration_s=240,
+        group_size=4,
+        samples_per_step=32,
+        max_in_flight=64,
+        max_new_tokens=8,  # a random model's turns stay short, so episodes of several turns are common
+    )
+    return RunSettings(**(fields | overrides))  # type: ignore[arg-type]
+
+
+def _episodes(run_dir: Path) -> list[tuple[list[int], dict[str, list]]]:
+    """(prompt ids, stored completion) of every trained attempt."""
+    journal = sqlite3.connect(run_dir / "journal.sqlite")
+    rows = journal.execute(
+        "SELECT prompt_token_ids, completion FROM attempts WHERE disposition = 'trained'"
+    ).fetchall()
+    journal.close()
+    return [(json.loads(p), json.loads(c)) for p, c in rows]
+
+
+def assert_segments_hold(run_dir: Path) -> None:
+    """Each trained episode's completion is tiled by its segments, logprobs and versions belong to
+    the model's tokens only, and episodes of several turns hold the environment's replies as
+    context between the model's turns."""
+    tokenizer = build_tokenizer()
+    several = 0
+    for prompt, completion in _episodes(run_dir):
+        segments = completion["segments"]
+        assert sum(n for _, n in segments) == len(completion["token_ids"])
+        model = sum(n for kind, n in segments if kind == "model")
+        assert model == len(completion["logprobs"]) == len(completion["versions"]) > 0
+        assert segments[0][0] == "model"  # the prompt ends with the opener: the first turn follows
+        assert tokenizer.decode(prompt).endswith("U:guess 1 to 16\nA:")
+        if len(segments) > 1:
+            several += 1
+            text = tokenizer.decode(completion["token_ids"])
+            # the environment's reply, then the next opener, between two model turns
+            assert any(f"\nU:{reply}\nA:" in text for reply in ("higher", "lower", "a number")), text
+    assert several > 0, "no episode of several turns"
+
+
+async def test_a_run_trains_on_guess_number_episodes(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "run")
+    last: list[RunInfo] = []
+    result = await launch(settings, lambda run, _: last.append(run))
+    assert result.state == "completed", result
+    assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
+    assert_segments_hold(settings.run_dir)
+    episodes = last[-1].progress.episodes
+    assert episodes is not None and episodes.episodes >= BUDGET, episodes
+    assert episodes.turns_mean >= 1 and episodes.environment_errors == 0 and episodes.forks == 0, episodes
+    points = [json.loads(line) for line in (settings.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert points[-1]["episodes"]["episodes"] == episodes.episodes
+
+
+async def test_episodes_cut_short_by_a_coordinator_crash_are_played_again_and_trained_once(
+    tmp_path: Path,
+) -> None:
+    settings = _settings(tmp_path / "run")
+    processes: list[ServiceProcess] = []
+    killed: list[int] = []
+
+    def kill_the_coordinator_midway(run: RunInfo, elapsed_s: float) -> None:
+        if not killed and run.progress.trained >= BUDGET // 4:
+            victim = next(p for p in processes if p.name == "coordinator")
+            victim.process.send_signal(signal.SIGKILL)  # by handle; the launcher restarts it
+            killed.append(run.progress.trained)
+
+    result = await launch(settings, kill_the_coordinator_midway, processes)
+    assert killed, "the run ended before the coordinator could be killed"
+    assert result.state == "completed", result
+    assert result.restarts.get("coordinator") == 1, result.restarts
+    assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
+    assert_segments_hold(settings.run_dir)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node for the TypeScript environment")
+async def test_a_run_trains_against_an_environment_written_in_typescript(tmp_path: Path) -> None:
+    package = TS_SERVER.parents[2]
+    if not (package / "node_modules").is_dir():  # a clean clone: the package's pinned dependencies
+        subprocess.run(["npm", "ci", "--silent", "--no-audit", "--no-fund"], cwd=package, check=True)
+    ready = tmp_path / "environment.address"
+    server = subprocess.Popen([str(TS_SERVER), "--port", "0", "--ready-file", str(ready)])
+    try:
+        for _ in range(600):  # compiling takes a while on a busy machine
+            if ready.is_file() and ready.read_text().strip():
+                break
+            assert server.poll() is None, "the TypeScript environment exited"
+            await asyncio.sleep(0.1)
+        address = ready.read_text().strip()
+        coordinator = CoordinatorSettings.model_construct(environment_addresses=[address])
+        settings = _settings(tmp_path / "run", environment_servers=0, coordinator=coordinator)
+        result = await launch(settings)
+    finally:
+        server.send_signal(signal.SIGTERM)  # by handle: it drains and exits
+        server.wait(timeout=30)
+    assert result.state == "completed", result
+    assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
+    assert_segments_hold(settings.run_dir)
