@@ -9,6 +9,8 @@ never run at once). The launcher does this placement; see `pipelinerl.launcher.r
                                           [--dataset builtin:copy:2] [--model tiny]
                                           [--max-new-tokens N] [--conventional-steps 0]
                                           [--max-in-flight 256]
+                                          [--environment guess_number] [--environment-args JSON]
+                                          [--step-latency 0.01,1.0]
 
 `--dataset builtin:repeat` is the long-tail task (completion lengths from 2 to 129 tokens, a round's
 p99 about 14 times its median); `--max-new-tokens` defaults to what the dataset needs. `--conventional-steps
@@ -17,6 +19,15 @@ mode with rounds of K × samples-per-step, each generated with one version and t
 steps, so its later steps train on samples up to K - 1 versions old (same cores, seed and budget).
 `--max-in-flight` sets the pipeline run's window (`pipelinerl run`'s default, two steps, unless
 given): fewer attempts in flight make its samples younger and leave its trainer waiting longer.
+
+`--environment NAME` compares the runs on a multi-turn task instead of `--dataset`: every attempt is
+an episode of that environment (`pipelinerl run --environment`), with `--environment-args` for its
+class. `--step-latency LOW,HIGH` makes every step of it wait a time drawn log-uniformly between LOW
+and HIGH seconds (`benchmarks/slow_environment.py`), as real tools do; the wait is not CPU, so the
+pipeline can fill it with generation and training while the sync baseline cannot. The figures then
+add `environment`, `step_latency_s`, and per run `turns_mean_<run>`, `step_seconds_mean_<run>` and
+`episodes_in_flight_<run>` (the mean over the run of the episodes its environment replicas held,
+sampled every second from `pipelinerl_environment_episodes_active`).
 
 Each invocation starts both runs fresh in a folder of its own (`--out`, by default a new
 timestamped folder under runs/pipeline_vs_sync/): a folder that already holds a run is refused,
@@ -80,6 +91,7 @@ from pipelinerl.launcher.report import Point, plot_runs, read_points
 from pipelinerl.launcher.run import RunResult, launch
 
 log = get_logger("benchmark")
+SLOW_ENVIRONMENT = Path(__file__).resolve().parent / "slow_environment.py"
 
 SUSTAIN_SAMPLES = 4096
 FINAL_SAMPLES = 8192
@@ -136,6 +148,17 @@ def run_settings(name: RunName, args: argparse.Namespace) -> RunSettings:
     """The settings of one run: the same for every run but the mode, the conventional variant's
     round and the pipeline's `max_in_flight`."""
     pipeline = name == "pipeline"
+    environment: dict[str, object] = {}
+    if args.environment is not None:
+        environment = {"environment": args.environment, "environment_args": args.environment_args}
+        if args.step_latency is not None:  # the same environment behind a log-uniform wait per step
+            inner = RunSettings(environment=args.environment).environment_class
+            environment = {
+                "environment": f"{SLOW_ENVIRONMENT}:Slow",
+                "environment_args": {
+                    "env": inner, "env_args": args.environment_args, "latency_s": list(args.step_latency),
+                },
+            }  # fmt: skip
     return RunSettings(
         mode="pipeline" if pipeline else "sync",
         round_steps=args.conventional_steps if name == "conventional" else 1,
@@ -148,6 +171,7 @@ def run_settings(name: RunName, args: argparse.Namespace) -> RunSettings:
         max_samples=args.samples,
         duration_s=args.max_seconds,
         target_reward=None,
+        **environment,
         # sync mode has no window of its own: a round is what it generates at once
         **({"max_in_flight": args.max_in_flight} if pipeline else {}),
     )
@@ -254,41 +278,57 @@ class OccupancySampler(threading.Thread):
         self.run_dir = run_dir
         self.every_s = every_s
         self.samples: list[tuple[float, int, int]] = []
+        self.episodes: list[int] = []
+        """Episodes the run's environment replicas held, at each sample (none without one)."""
         self._stopped = threading.Event()
 
     def run(self) -> None:
         started = time.monotonic()
         targets: list[str] = []
+        environments: list[str] = []
         while not self._stopped.wait(self.every_s):
             if not targets:
-                targets = self._targets()
+                targets, environments = self._targets("inference"), self._targets("environment")
                 continue
-            texts = []
-            for target in targets:
-                try:
-                    with urllib.request.urlopen(f"http://{target}/metrics", timeout=2) as response:
-                        texts.append(response.read().decode())
-                except OSError:  # the run is stopping: keep what was read
-                    break
-            else:
-                counters = read_counters("\n".join(texts))
-                if counters is not None:
-                    self.samples.append((round(time.monotonic() - started, 2), *counters))
+            try:
+                texts = [_scrape(target) for target in targets]
+                held = [_episodes_active(_scrape(target)) for target in environments]
+            except OSError:  # the run is stopping: keep what was read
+                continue
+            counters = read_counters("\n".join(texts))
+            if counters is not None:
+                self.samples.append((round(time.monotonic() - started, 2), *counters))
+                if environments:
+                    self.episodes.append(sum(held))
 
-    def _targets(self) -> list[str]:
+    def _targets(self, job: str) -> list[str]:
         path = self.run_dir / "prometheus_targets.json"
         if not path.is_file():
             return []
         entries = json.loads(path.read_text())
-        return [t for e in entries if e["labels"]["job"] == "inference" for t in e["targets"]]
+        return [t for e in entries if e["labels"]["job"] == job for t in e["targets"]]
 
     def stop(self) -> None:
         self._stopped.set()
         self.join()
         if self.run_dir.is_dir():
             keys = ("elapsed_s", "decode_steps", "decoded_rows")
-            lines = [json.dumps(dict(zip(keys, s, strict=True))) + "\n" for s in self.samples]
-            (self.run_dir / "occupancy.jsonl").write_text("".join(lines))
+            rows: list[dict[str, float]] = [dict(zip(keys, s, strict=True)) for s in self.samples]
+            for row, held in zip(rows, self.episodes, strict=False):
+                row["episodes_active"] = held
+            (self.run_dir / "occupancy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _scrape(target: str) -> str:
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=2) as response:
+        return response.read().decode()
+
+
+_EPISODES_ACTIVE = re.compile(r"^pipelinerl_environment_episodes_active(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def _episodes_active(text: str) -> int:
+    return sum(int(float(v)) for v in _EPISODES_ACTIVE.findall(text))
 
 
 def progress_points(result: RunResult) -> list[Point]:
@@ -359,6 +399,20 @@ def long_tail_figures(out: Path, args: argparse.Namespace, conventional: bool) -
     return figures
 
 
+def episode_figures(out: Path, runs: dict[str, RunResult]) -> dict[str, object]:
+    """Turns, step latency and episodes in flight of each run of an environment comparison."""
+    figures: dict[str, object] = {}
+    for name, result in runs.items():
+        last = next((p.episodes for p in reversed(progress_points(result)) if p.episodes), None) or {}
+        figures[f"turns_mean_{name}"] = round(last.get("turns_mean", 0.0), 2)
+        figures[f"step_seconds_mean_{name}"] = round(last.get("step_seconds_mean", 0.0), 3)
+        path = out / name / "occupancy.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        held = [line["episodes_active"] for line in lines if "episodes_active" in line]
+        figures[f"episodes_in_flight_{name}"] = round(statistics.fmean(held), 1) if held else None
+    return figures
+
+
 def read_occupancy(run_dir: Path) -> list[tuple[float, int, int]]:
     path = run_dir / "occupancy.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -395,6 +449,14 @@ def main() -> int:
         type=int,
         default=RunSettings.model_fields["max_in_flight"].default,
         help="the pipeline run's attempts in flight (how far generation runs ahead of training)",
+    )
+    parser.add_argument("--environment", default=None, help="a multi-turn task instead of --dataset")
+    parser.add_argument("--environment-args", type=json.loads, default={}, help="JSON: the class's arguments")
+    parser.add_argument(
+        "--step-latency",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=None,
+        help="LOW,HIGH seconds: each environment step waits log-uniformly between them",
     )
     parser.add_argument("--max-seconds", type=float, default=900.0, help="cap on each run")
     parser.add_argument("--out", default=None, help="a new folder (default: runs/pipeline_vs_sync/<time>)")
@@ -435,10 +497,12 @@ def main() -> int:
         "samples": args.samples,
         "lr": args.lr,
         "max_in_flight": args.max_in_flight,
-        "dataset": args.dataset,
+        "dataset": args.dataset if args.environment is None else "",
+        "environment": args.environment,
+        "step_latency_s": list(args.step_latency) if args.step_latency else None,
         "model": args.model,
         "max_new_tokens": RunSettings(
-            dataset=args.dataset, max_new_tokens=args.max_new_tokens
+            dataset=args.dataset, environment=args.environment, max_new_tokens=args.max_new_tokens
         ).completion_tokens,
         "pipeline_trainer_step_s": round(pipeline_trainer["step_s"], 4),
         "sync_trainer_step_s": round(sync_trainer["step_s"], 4),
@@ -461,9 +525,15 @@ def main() -> int:
             "conventional_mean_lag": token_lag(Path(args.out) / "conventional"),
             "conventional_seconds": round(conventional.elapsed_s, 1),
         }
+    if args.environment is not None:
+        finished = {"pipeline": pipeline, "sync": sync} | (
+            {"conventional": conventional} if conventional else {}
+        )
+        figures |= episode_figures(Path(args.out), finished)
     runs = {name: progress_points(result) for name, result in
             (("pipeline", pipeline), ("sync", sync), ("conventional", conventional)) if result}  # fmt: skip
-    figures["plot"] = str(plot_runs(runs, Path(args.out) / "reward.png", f"{args.dataset}, lr {args.lr}"))
+    task = args.environment or args.dataset
+    figures["plot"] = str(plot_runs(runs, Path(args.out) / "reward.png", f"{task}, lr {args.lr}"))
     print(json.dumps(figures))
     return 0
 

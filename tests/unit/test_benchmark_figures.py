@@ -165,7 +165,7 @@ def test_the_runs_rewards_are_read_back_and_drawn_side_by_side(tmp_path: Path) -
 def test_the_runs_differ_only_in_their_mode_round_and_the_pipelines_window(tmp_path: Path) -> None:
     args = argparse.Namespace(
         out=str(tmp_path), dataset="builtin:repeat", model="tiny", max_new_tokens=None, seed=3, lr=1e-4,
-        samples=4096, max_seconds=60.0, conventional_steps=4, max_in_flight=192,
+        samples=4096, max_seconds=60.0, conventional_steps=4, max_in_flight=192, environment=None,
     )  # fmt: skip
     runs = {name: run_settings(name, args) for name in ("pipeline", "sync", "conventional")}
     assert runs["pipeline"].mode == "pipeline" and runs["pipeline"].max_in_flight == 192
