@@ -59,3 +59,31 @@ async def test_requests_outlive_drains_and_restarts_of_their_server(tmp_path: Pa
         await asyncio.gather(*tasks, return_exceptions=True)
         await pool.close()
     assert all(c.finish_reason is FinishReason.LENGTH and len(c.tokens) == TOKENS for _, c in completions)
+
+
+async def test_an_episode_stays_on_its_server_and_moves_once_that_server_leaves(tmp_path: Path) -> None:
+    """`generate(prefer=...)`: an episode's turns go to the server of its first turn, waiting for
+    room there even while another server is idle, and go elsewhere once that server leaves."""
+    ports = [free_port(), free_port()]
+    sampling = SamplingParams(max_new_tokens=TOKENS)
+    async with contextlib.AsyncExitStack() as stack:
+        for i, port in enumerate(ports):
+            folder = tmp_path / str(i)
+            folder.mkdir()
+            await stack.enter_async_context(
+                server_process("fake_inference_server.py", folder, "64", "128", str(port))
+            )
+        addresses = [f"127.0.0.1:{port}" for port in ports]
+        pool = InferencePool(ChannelConfig, addresses)
+        await pool.start()
+        stack.push_async_callback(pool.close)
+        pinned = addresses[0]
+        # more turns than its window (4): the rest wait for room on it, not on the idle other one
+        turns = [pool.generate(GenerationRequest(f"t{i}", [1], sampling), prefer=pinned) for i in range(12)]
+        served = await asyncio.wait_for(asyncio.gather(*turns), 30)
+        assert {server for server, _ in served} == {pinned}
+        pool.remove(pinned)
+        server, _ = await asyncio.wait_for(
+            pool.generate(GenerationRequest("after", [1], sampling), prefer=pinned), 30
+        )
+        assert server == addresses[1]
