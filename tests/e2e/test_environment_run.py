@@ -88,23 +88,25 @@ async def test_a_run_trains_on_guess_number_episodes(tmp_path: Path) -> None:
     assert points[-1]["episodes"]["episodes"] == episodes.episodes
 
 
-async def test_episodes_cut_short_by_a_coordinator_crash_are_played_again_and_trained_once(
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("victim", ["coordinator", "trainer"])
+async def test_episodes_outlive_a_crash_and_are_trained_once(tmp_path: Path, victim: str) -> None:
+    """A coordinator SIGKILLed mid-run loses its episodes in flight: the restarted one plays them
+    again from their seeds. A trainer SIGKILLed mid-run loses the steps its checkpoint did not
+    hold: the journal resends those episodes, segments and all."""
     settings = _settings(tmp_path / "run")
     processes: list[ServiceProcess] = []
     killed: list[int] = []
 
-    def kill_the_coordinator_midway(run: RunInfo, elapsed_s: float) -> None:
+    def kill_midway(run: RunInfo, elapsed_s: float) -> None:
         if not killed and run.progress.trained >= BUDGET // 4:
-            victim = next(p for p in processes if p.name == "coordinator")
-            victim.process.send_signal(signal.SIGKILL)  # by handle; the launcher restarts it
+            process = next(p for p in processes if p.name == victim)
+            process.process.send_signal(signal.SIGKILL)  # by handle; the launcher restarts it
             killed.append(run.progress.trained)
 
-    result = await launch(settings, kill_the_coordinator_midway, processes)
-    assert killed, "the run ended before the coordinator could be killed"
+    result = await launch(settings, kill_midway, processes)
+    assert killed, f"the run ended before the {victim} could be killed"
     assert result.state == "completed", result
-    assert result.restarts.get("coordinator") == 1, result.restarts
+    assert result.restarts.get(victim) == 1, result.restarts
     assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
     assert_segments_hold(settings.run_dir)
 
