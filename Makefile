@@ -48,7 +48,8 @@ vllm-test: venv vllm-env
 	OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest tests/vllm -m vllm
 
 # deploy/compose.yaml on a Docker engine of its own (as root; installs docker.io when missing): build
-# the images, a run with an inference container killed mid-run, every attempt trained exactly once.
+# the images, a run with an inference container killed mid-run, every attempt trained exactly once,
+# then an environment run (guess_number episodes on the environment container) to its end.
 compose-test: venv
 	scripts/compose_test.sh
 

@@ -2,10 +2,12 @@
 # deploy/compose.yaml for real, on a Docker engine of its own: build the images, start the services,
 # drive a run from this machine, SIGKILL one inference container mid-run, scrape every service's
 # /metrics, then check from the journal and the trainer's checkpoint that every attempt was trained
-# exactly once. The last line printed is one JSON object of what was measured. As root on Debian or
-# Ubuntu (make compose-test).
+# exactly once; then start the services again and drive an environment run (multi-turn episodes of
+# the environment service's guess_number) to its end. The last line printed is one JSON object of
+# what was measured. As root on Debian or Ubuntu (make compose-test).
 #
-# Environment: BUDGET (samples of the run, 4096); BASE_IMAGE (python:3.11-slim when it can be
+# Environment: BUDGET (samples of the run, 4096); ENV_BUDGET (samples of the environment run, 64);
+# BASE_IMAGE (python:3.11-slim when it can be
 # pulled, else one made here from Debian packages with mmdebstrap); COMPOSE_TEST_ROOT (the engine's
 # data root, kept afterwards as a build cache; unset, a temporary one that is removed).
 #
@@ -16,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUDGET=${BUDGET:-4096}
+ENV_BUDGET=${ENV_BUDGET:-64}
 PROJECT=pipelinerl-compose-test
 BIN=.venv/bin
 HOST_DIR=deploy/host
@@ -185,7 +188,7 @@ scrape() {
     'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9100/metrics", timeout=10).read().decode())'
 }
 series=""
-for service in reward-0 reward-1 trainer inference-0 coordinator; do
+for service in reward-0 reward-1 environment trainer inference-0 coordinator; do
   text=$(scrape "$service") || fail "$service serves no /metrics"
   role=${service%-[0-9]}
   count=$(grep -c "^pipelinerl_${role}_" <<<"$text") || fail "$service: no pipelinerl_${role}_* series"
@@ -207,13 +210,32 @@ docker cp "$($compose ps -q coordinator):/data/." "$evidence"
 docker cp "$($compose ps -q trainer):/data/." "$evidence"
 dispositions=$(PYTHONPATH=. $BIN/python scripts/run_evidence.py "$evidence" "$BUDGET") || fail "the run's evidence"
 
+# --- an environment run on the same services, started again: episodes played on the environment
+# container, rendered by the coordinator, trained by the trainer --------------------------------
+say "starting the services again for an environment run of $ENV_BUDGET samples"
+timeout 300 $compose start >&2 || fail "compose start"
+wait_for 240 all_healthy || fail "not every service was healthy 240 s after start"
+step=$(date +%s)
+PIPELINERL_RUN_AUTH_TOKEN=$token timeout 600 $BIN/pipelinerl run --coordinator-address 127.0.0.1:50050 \
+  --run-dir "$work/env-run" --environment guess_number --max-samples "$ENV_BUDGET" --duration-s 300 \
+  >"$work/env-run.log" 2>&1 || { cat "$work/env-run.log" >&2; fail "the environment run failed"; }
+env_run_s=$(since "$step")
+grep -qE '^completed: ' "$work/env-run.log" || { cat "$work/env-run.log" >&2; fail "the environment run did not complete"; }
+sum_of() { awk -v name="$1" '$1 ~ "^" name "([{]|$)" { total += $2 } END { print total + 0 }'; }
+episodes=$(scrape coordinator | sum_of pipelinerl_coordinator_episodes_total)
+steps=$(scrape environment | sum_of pipelinerl_environment_steps_total)
+env_errors=$(scrape coordinator | sum_of pipelinerl_coordinator_environment_errors_total)
+awk -v e="$episodes" -v s="$steps" 'BEGIN { exit !(e > 0 && s > 0) }' ||
+  fail "scraped $episodes episodes at the coordinator, $steps steps at the environment: not both past 0"
+
 sizes=""
-for role in reward coordinator inference trainer; do
+for role in reward environment coordinator inference trainer; do
   sizes+="\"$role\": $(($(docker image inspect -f '{{.Size}}' "pipelinerl-$role:dev") / 1000000)), "
 done
 format='{"compose": "%s", "base_image": "%s", "engine_install_s": %d, "base_image_s": %d, "build_s": %d,'
 format+=' "healthy_s": %d, "run_s": %d, "budget": %d, "samples_per_s": %s, "killed_at_trained": %d,'
-format+=' "image_mb": {%s}, "metrics_series": {%s}, "scraped_version": %s, "evidence": %s, "total_s": %d}\n'
+format+=' "image_mb": {%s}, "metrics_series": {%s}, "scraped_version": %s, "evidence": %s,'
+format+=' "environment_run": {"budget": %d, "run_s": %d, "episodes": %s, "steps": %s, "errors": %s}, "total_s": %d}\n'
 printf "$format" "$compose_version" "$BASE_IMAGE" "$engine_install_s" "$base_image_s" "$build_s" "$healthy_s" \
   "$run_s" "$BUDGET" "$samples_per_s" "$killed_at" "${sizes%, }" "${series%, }" "$version" "$dispositions" \
-  "$(since "$started")"
+  "$ENV_BUDGET" "$env_run_s" "$episodes" "$steps" "$env_errors" "$(since "$started")"

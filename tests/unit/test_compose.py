@@ -17,6 +17,7 @@ import yaml
 
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.environment.config import EnvironmentSettings
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
 from pipelinerl.trainer.config import TrainerSettings
@@ -27,6 +28,7 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "trainer": TrainerSettings,
     "inference": InferenceSettings,
     "coordinator": CoordinatorSettings,
+    "environment": EnvironmentSettings,
 }
 TOKEN = "${PIPELINERL_AUTH_TOKEN:?"  # how every service takes the bearer token from the env file
 
@@ -58,12 +60,14 @@ def test_every_command_parses_and_every_address_names_a_service_port() -> None:
     coordinator = parsed["coordinator"]
     assert isinstance(coordinator, CoordinatorSettings)
     named = [*coordinator.reward_address, coordinator.trainer_address, *coordinator.inference_addresses]
+    named += coordinator.environment_addresses
     for name, settings in parsed.items():
         if isinstance(settings, InferenceSettings):
             named.append(settings.trainer_address)
             assert f"{name}:{settings.port}" in coordinator.inference_addresses
     assert set(named) <= ports, set(named) - ports
     assert len(coordinator.inference_addresses) == 2
+    assert coordinator.environment_addresses and coordinator.tokenizer, "environment runs need both"
     trainer = parsed["trainer"]
     assert isinstance(trainer, TrainerSettings) and trainer.advertise_host == "trainer" and trainer.store_port
 
@@ -101,7 +105,7 @@ def test_every_image_is_a_target_that_checks_its_service_port() -> None:
         assert service["build"]["target"] == kind, name
         healthcheck = re.search(r'^HEALTHCHECK .*"127\.0\.0\.1:(\d+)"\]$', stages[kind], re.MULTILINE)
         assert healthcheck is not None, kind
-        assert int(healthcheck.group(1)) == SETTINGS[kind]().port, kind
+        assert int(healthcheck.group(1)) == SETTINGS[kind].model_fields["port"].default, kind
         assert f'CMD ["serve", "{kind}"' in stages[kind], kind
 
 

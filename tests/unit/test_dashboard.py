@@ -62,7 +62,7 @@ def test_the_dashboard_shows_a_run_over_documented_metrics() -> None:
 def test_the_scrape_config_has_a_job_per_role() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"coordinator", "inference", "trainer", "reward"}
+    assert set(jobs) == {"coordinator", "inference", "trainer", "reward", "environment"}
     for name, job in jobs.items():
         targets = [t for group in job["static_configs"] for t in group["targets"]]
         assert targets and all(t.startswith(name) and t.endswith(":9100") for t in targets), targets

