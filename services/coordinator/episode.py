@@ -12,8 +12,14 @@ Every environment call has a deadline. A call the environment fails (unreachable
 code crashed, the episode gone, a reply that breaks the contract: an assistant message, the wrong
 shape) is infrastructure, never scored: the replica is set down (replicas.py) and the episode starts
 again from the start, with the same seed, on a replica that is up, `MAX_TRIES` times in all; then
-the attempt fails with the last error. The model's own mistakes are observations the environment
-answers in-band.
+the attempt fails with the last error. A start or step that meets UNAVAILABLE is first made again
+on the same turn (a repeat gets the stored answer). The model's own mistakes are observations the
+environment answers in-band.
+
+Episode ids are `<attempt>.<play>`, the same after a coordinator restart: the restarted coordinator
+meets what a replica still holds of the play it lost (a start returns the stored opening, a step of
+an earlier turn is FAILED_PRECONDITION), ends it, and plays again under the next id; a replica that
+was restarted too holds nothing, and the first play goes on.
 
 A turn is never re-tokenized: what the model sampled stays in the sample as sampled, with its
 logprobs and weight versions, and the environment's replies are context tokens (no loss). Where the
@@ -24,10 +30,12 @@ not trained (counted as `forks`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 from pipelinerl.common.errors import FailedPrecondition, PipelineError
@@ -50,6 +58,10 @@ MAX_TRIES = 3
 CALL_TIMEOUT_S = 60.0
 """Deadline of one StartEpisode or StepEpisode call: a hanging environment fails its episode."""
 END_TIMEOUT_S = 5.0
+UNAVAILABLE_RETRIES = 2
+"""Times a start or step that met UNAVAILABLE is made again on the same turn before the episode
+is played again from the start (a replica that went away loses its episodes: NOT_FOUND then)."""
+RETRY_DELAY_S = 0.25
 CORRECT = "correct"
 """The reward component that, at 1 or more, counts an episode correct."""
 
@@ -137,7 +149,7 @@ class EpisodeDriver:
         self, replica: Replica[EnvironmentClient], episode_id: str, seed: int
     ) -> EpisodeResult:
         env = replica.client
-        opening = await _call(env.start(episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S))
+        opening = await _call(partial(env.start, episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S))
         try:
             return await self._turns(env, episode_id, opening.messages, opening.tools, opening.max_turns)
         finally:
@@ -178,7 +190,8 @@ class EpisodeDriver:
                 truncated = True  # cut by max_new_tokens: never bridged
                 break
             started = time.monotonic()
-            step = await _call(env.step(episode_id, tokens.turns, turn.message, timeout_s=CALL_TIMEOUT_S))
+            step_call = partial(env.step, episode_id, tokens.turns, turn.message, timeout_s=CALL_TIMEOUT_S)
+            step = await _call(step_call)
             step_seconds.append(time.monotonic() - started)
             reward += step.reward
             correct = correct or any(c.name == CORRECT and c.value >= 1.0 for c in step.rewards)
@@ -217,13 +230,19 @@ class _EnvironmentFailed(Exception):
         self.error = error
 
 
-async def _call(call: Awaitable[T]) -> T:
-    """An environment call's result; its failure as `_EnvironmentFailed` (a generation's failure
-    is not the environment's, so it is not caught where turns are generated)."""
-    try:
-        return await call
-    except PipelineError as exc:
-        raise _EnvironmentFailed(exc) from exc
+async def _call(call: Callable[[], Awaitable[T]]) -> T:
+    """An environment call's result, the call made again on UNAVAILABLE (starting and stepping are
+    idempotent: a repeat gets the stored answer), UNAVAILABLE_RETRIES times at most; its failure as
+    `_EnvironmentFailed` (a generation's failure is not the environment's, so it is not caught
+    where turns are generated)."""
+    for retry in range(UNAVAILABLE_RETRIES + 1):
+        try:
+            return await call()
+        except PipelineError as exc:
+            if exc.code != "UNAVAILABLE" or retry == UNAVAILABLE_RETRIES:
+                raise _EnvironmentFailed(exc) from exc
+            await asyncio.sleep(RETRY_DELAY_S * 2**retry)
+    raise AssertionError("unreachable")
 
 
 def _check_reply(messages: Sequence[Message]) -> None:
