@@ -47,6 +47,7 @@ from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.replicas import RETRIED, Replica, ReplicaPool
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.environment.client import EnvironmentClient
+from pipelinerl.environment.episodes import EpisodeLimits
 from pipelinerl.environment.types import Message, Role, Tool
 from pipelinerl.inference.types import GenerationRequest
 
@@ -55,8 +56,11 @@ T = TypeVar("T")
 
 MAX_TRIES = 3
 """Times an episode is played from the start after environment failures before its attempt fails."""
-CALL_TIMEOUT_S = 60.0
-"""Deadline of one StartEpisode or StepEpisode call: a hanging environment fails its episode."""
+CALL_TIMEOUT_S = EpisodeLimits().step_timeout_s + 30.0
+"""Deadline of one StartEpisode or StepEpisode call: a hanging environment fails its episode. Past
+the server's own limit on the environment's code (`step_timeout_s`, 60 s by default), so that code
+that hangs is that server's INTERNAL, the episode's failure, and not a DEADLINE_EXCEEDED here, which
+would set the whole replica down; what ends past this deadline is a replica that cannot answer."""
 END_TIMEOUT_S = 5.0
 UNAVAILABLE_RETRIES = 2
 """Times a start or step that met UNAVAILABLE is made again on the same turn before the episode

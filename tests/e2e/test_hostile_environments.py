@@ -1,0 +1,131 @@
+"""Environments that hang, crash, break the contract or vanish, through real processes: each has
+its documented outcome (docs/environments.md, Hostile environments), the run goes on, and every
+attempt is final exactly once — trained, dropped, or failed with a reason — none trained twice.
+
+An environment's failure is infrastructure, never a score: the episode is played again from the
+start with the same seed on a replica that is up, MAX_TRIES times in all, and only then does its
+attempt fail (`failed:FAILED_PRECONDITION`, the environment's last error in the coordinator's log).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.coordinator.datasets import episode_seeds
+from pipelinerl.coordinator.episode import MAX_TRIES
+from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.launcher.config import RestartPolicy, RunSettings
+from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.run import launch
+from tests.e2e.evidence import assert_trained_exactly_once
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = Path(__file__).resolve().parents[1] / "data" / "hostile_environments.py"
+GROUP_SIZE = 2
+BUDGET = 8
+GROUPS = BUDGET // GROUP_SIZE
+SEED = 0
+FAILED = "failed:FAILED_PRECONDITION"
+STEP_TIMEOUT = ("PIPELINERL_ENVIRONMENT_STEP_TIMEOUT_S", "2")
+"""The servers' limit on the environment's code (60 s by default), set through the environment."""
+
+
+@dataclass(frozen=True)
+class Case:
+    behaviour: str
+    errors: int | None
+    """Environment errors the coordinator counts; None: at least one."""
+    failed: int = 0
+    """Attempts that fail: those of the group whose seed misbehaves on every play."""
+    servers: int = 1
+    restarts: tuple[str, ...] = ()
+    """Services the launcher restarts, once each."""
+    log: str = ""
+    """What the environment server's log says of the failure."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Settings of the environment servers, as their environment variables."""
+
+
+CASES = [
+    # The server's step_timeout_s ends the first episode of each seed (INTERNAL); it is played again.
+    Case("hang", GROUPS, log="ran past step_timeout_s", env=(STEP_TIMEOUT,)),
+    # The server SIGKILLs itself: the launcher restarts it, the episodes it held are played again.
+    Case("crash", None, restarts=("environment",)),
+    # The server refuses the reply (INTERNAL) on every play of one seed: its group fails, counted.
+    Case("assistant", GROUP_SIZE * MAX_TRIES, failed=GROUP_SIZE, log="an environment writes"),
+    # 10 MB is over the server's max_observation_bytes (1 MiB): INTERNAL, as above.
+    Case("huge", GROUP_SIZE * MAX_TRIES, failed=GROUP_SIZE, log="bytes of content; the limit is"),
+    # The test SIGKILLs one of two replicas while it holds an episode: the other plays on.
+    Case("slow", None, servers=2, restarts=("environment-1",)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.behaviour for c in CASES])
+async def test_a_hostile_environment_has_its_documented_outcome(
+    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in case.env:  # the launcher's services inherit the test's environment
+        monkeypatch.setenv(name, value)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    settings = RunSettings(
+        run_dir=tmp_path / "run",
+        environment=f"{HOSTILE}:Hostile",
+        environment_args={
+            "behaviour": case.behaviour,
+            "marker_dir": str(markers),
+            "bad_seed": next(episode_seeds(SEED)),  # the first group's
+            "delay_s": 3.0,
+        },
+        environment_servers=case.servers,
+        seed=SEED,
+        max_samples=BUDGET,
+        group_size=GROUP_SIZE,
+        samples_per_step=GROUP_SIZE * 2,
+        max_in_flight=BUDGET,
+        max_new_tokens=4,
+        duration_s=120,
+        metrics=False,
+        # Other work shares the cores: a service starved for a while is not the one under test.
+        restart=RestartPolicy(unhealthy_after_s=60),
+    )
+    processes: list[ServiceProcess] = []
+    restarts: list[str] = []
+    killed: list[int] = []
+    last: list[RunInfo] = []
+
+    def on_progress(run: RunInfo, elapsed_s: float) -> None:
+        last.append(run)
+        if case.servers == 1 or killed:
+            return
+        victim = next(p for p in processes if p.name == "environment-1")
+        if (markers / f"started-{victim.process.pid}").exists():  # it holds an episode
+            victim.process.kill()  # SIGKILL, by handle
+            killed.append(victim.process.pid)
+
+    result = await launch(settings, on_progress, processes, lambda service, _: restarts.append(service))
+
+    assert result.state == "completed", result
+    if case.servers > 1:
+        assert killed, "the run ended before a replica held an episode"
+    assert sorted(restarts) == sorted(case.restarts), restarts
+    dispositions = assert_trained_exactly_once(settings.run_dir, BUDGET)
+    assert dispositions[FAILED] == case.failed, dispositions
+    assert set(dispositions) <= {"trained", "dropped", FAILED}, dispositions
+    assert dispositions["trained"] >= (BUDGET - case.failed) // 2, dispositions
+    episodes = last[-1].progress.episodes
+    assert episodes is not None, last[-1]
+    points = [json.loads(line) for line in (settings.run_dir / "metrics.jsonl").read_text().splitlines()]
+    errors = max(episodes.environment_errors, points[-1]["episodes"]["environment_errors"])
+    if case.errors is None:
+        assert errors >= 1, episodes
+    else:
+        assert errors == case.errors, episodes
+    if case.log:
+        logs = "".join(p.read_text() for p in settings.run_dir.glob("environment*.log"))
+        assert case.log in logs
