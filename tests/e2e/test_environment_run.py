@@ -34,7 +34,7 @@ def _settings(run_dir: Path, **overrides: object) -> RunSettings:
         run_dir=run_dir,
         environment="guess_number",
         max_samples=BUDGET,
-        duration_s=240,
+        duration_s=600,  # a cap: the budget ends the run first, within a minute or two
         group_size=4,
         samples_per_step=32,
         max_in_flight=64,
