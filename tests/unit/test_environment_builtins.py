@@ -62,6 +62,25 @@ async def test_guess_number_answers_mistakes_and_truncates_at_its_last_turn() ->
         await episodes.start("f", 0, "7")
 
 
+async def test_guess_number_shapes_a_lost_episode_by_the_guesses_its_replies_allowed() -> None:
+    episodes = table("guess_number", low=1, high=8, turns=4, shaping=0.5)
+    rewards = []
+    for n, guesses in enumerate(
+        [["x", "x", "x", "x"], ["6", "7", "8", "9"], ["5", "4", "2", "1"], ["2", "8", "1", "4"]]
+    ):
+        await episodes.start(f"e{n}", 0, "3")
+        results = [
+            await episodes.step(f"e{n}", turn, Message.assistant(g)) for turn, g in enumerate(guesses, 1)
+        ]
+        assert results[-1].truncated and {c.name for c in results[-1].rewards} == {"correct", "progress"}
+        rewards.append(results[-1].reward)
+    # the secret is 3: no guess; 6 only (then `lower`); all but 1 (after 2's `higher`); all but 1
+    assert rewards == pytest.approx([0.0, 0.5 * 1 / 5, 0.5 * 3 / 5, 0.5 * 3 / 5])
+    await episodes.start("won", 0, "7")
+    await episodes.step("won", 1, Message.assistant("3"))
+    assert (await episodes.step("won", 2, Message.assistant("7"))).reward == 1.0
+
+
 def add(call_id: str, a: object, b: object, name: str = "add") -> ToolCall:
     return ToolCall(call_id, name, json.dumps({"a": a, "b": b}))
 
@@ -99,3 +118,46 @@ async def test_calculator_answers_bad_calls_in_band_and_scores_a_wrong_answer_ze
     ] and not replies.ended
     wrong = await episodes.step("e", 2, Message.assistant("0"))
     assert wrong.terminated and wrong.reward == 0.0
+
+
+async def test_calculator_adds_the_questions_numbers_when_called_without_arguments() -> None:
+    episodes = table("calculator")
+    opening = await episodes.start("e", 3, "")
+    a, b = (int(n) for n in opening.messages[0].content.split("+"))
+    called = await episodes.step("e", 1, Message.assistant("", [ToolCall("call1", "add", "")]))
+    assert [m.content for m in called.messages] == [str(a + b)] and called.reward == 0.0
+    answered = await episodes.step("e", 2, Message.assistant(f"{a + b}"))
+    assert answered.terminated and answered.reward == 1.0
+    assert [(c.name, c.value) for c in answered.rewards] == [("correct", 1.0)]
+
+
+async def test_calculator_shapes_a_wrong_answer_by_how_far_it_got() -> None:
+    """Below 1 at every stage, rising with the call's start written, then with the sum's start."""
+    episodes = table("calculator")
+    rewards = []
+    for n, turns in enumerate(
+        [
+            ["x"],
+            ["x<ca"],
+            ["<call>add</cal"],
+            ["<call>add</call>", "x"],
+            ["<call>add</call>", "{sum3}"],
+        ]
+    ):
+        opening = await episodes.start(f"s{n}", 3, "")
+        total = sum(int(x) for x in opening.messages[0].content.split("+"))
+        results = []
+        for turn, text in enumerate(turns, 1):
+            message = Message.assistant(text.format(sum3=f"{str(total)[:-1]}x"))
+            if text.startswith("<call>") and text.endswith("</call>"):
+                message = Message.assistant("", [ToolCall(f"c{turn}", "add", "")])
+            results.append(await episodes.step(f"s{n}", turn, message))
+        result = results[-1]
+        assert result.terminated and {c.name for c in result.rewards} == {"correct", "progress"}
+        rewards.append(result.reward)
+    assert rewards[0] == 0.0 and rewards == sorted(set(rewards)) and rewards[-1] < 0.5
+    unshaped = table("calculator", shaping=0.0)
+    await unshaped.start("u", 3, "")
+    assert (await unshaped.step("u", 1, Message.assistant("<call>add</ca"))).reward == 0.0
+    with pytest.raises(Exception, match="shaping"):
+        await table("calculator", shaping=1.0).start("v", 0, "")

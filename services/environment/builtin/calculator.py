@@ -1,13 +1,22 @@
 """`builtin:calculator`: add two numbers with the `add` tool, then answer; it needs a tool's result.
 
-    user: 347+582                   assistant: (calls add {"a": 347, "b": 582})
-    tool: 929                       assistant: 929     (right: correct 1)
+    user: 347+582                   assistant: <call>add</call>     (or add{"a":347,"b":582})
+    tool: 929                       assistant: 929                  (right: correct 1)
 
 The numbers are drawn from the episode's seed, `digits` long, too long to add in one's head for a
-small model: the answer comes from the tool. A turn with tool calls is answered by one tool message
-per call (a call of an unknown tool, or with arguments that are not two integers `a` and `b`, is
-answered `bad call`); the first turn without a tool call is the answer, scored `correct` 1 or 0,
-and ends the episode.
+small model: the answer comes from the tool. `add` adds its arguments `a` and `b`, or, called
+without arguments, the question's two numbers (the shortest call, `<call>add</call>`, which a
+character-level model learns from random weights; copying six digits into JSON is the harder
+variant, the same tool). A turn with tool calls is answered by one tool message per call (a call
+of an unknown tool, or with arguments that are not two integers `a` and `b`, is answered `bad
+call`); the first turn without a tool call is the answer, scored `correct` 1 or 0, and ends the
+episode.
+
+A wrong answer earns the shaping component `progress`, `shaping` times how far the episode got
+(below 1, so that a right answer, reward exactly 1, always earns more): up to a half for the
+longest start of the call `<call>add</call>` written in the answer's turn, and, once a call has
+returned the sum, a half plus up to a half for the longest start of the sum written in the
+answer. `shaping=0` scores `correct` alone.
 """
 
 from __future__ import annotations
@@ -24,43 +33,73 @@ ADD = Tool(
     {
         "type": "object",
         "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
+        "required": [],
     },
 )
+CALL = "<call>add</call>"
+"""The shortest call, in the presets' template: `add` without arguments."""
 
 
 class Calculator(Environment):
     name = "calculator"
-    version = "1"
+    version = "2"
     description = "add two numbers with the add tool, then answer"
     tools = (ADD,)
     max_turns = 4
 
-    def __init__(self, digits: int = 3) -> None:
+    def __init__(self, digits: int = 3, shaping: float = 0.5) -> None:
         if not 1 <= digits <= 18:
             raise ValueError("digits must be 1 to 18")
-        self.digits = digits
+        if not 0 <= shaping < 1:
+            raise ValueError("shaping must be from 0 to below 1")
+        self.digits, self.shaping = digits, shaping
         self.a = self.b = 0
+        self.summed = False
 
-    def reset(self, seed: int, task: str) -> Opening:
+    async def reset(self, seed: int, task: str) -> Opening:
         rng = random.Random(seed)
         low, high = 10 ** (self.digits - 1), 10**self.digits - 1
         self.a, self.b = rng.randint(low, high), rng.randint(low, high)
         return Opening([Message.user(f"{self.a}+{self.b}")])
 
-    def step(self, action: Message) -> Step:
+    async def step(self, action: Message) -> Step:
         if action.tool_calls:
-            return Step([Message.tool(call, self._run(call)) for call in action.tool_calls])
+            results = [self._run(call) for call in action.tool_calls]
+            self.summed = self.summed or str(self.a + self.b) in results
+            return Step([Message.tool(call, r) for call, r in zip(action.tool_calls, results, strict=True)])
         found = NUMBER.search(action.content)
-        correct = found is not None and int(found.group()) == self.a + self.b
-        return Step([], {"correct": float(correct)}, terminated=True)
+        if found is not None and int(found.group()) == self.a + self.b:
+            return Step([], {"correct": 1.0}, terminated=True)
+        rewards = {"correct": 0.0}
+        if self.shaping:
+            rewards["progress"] = self.shaping * self._progress(action.content)
+        return Step([], rewards, terminated=True)
 
-    @staticmethod
-    def _run(call: ToolCall) -> str:
+    async def close(self) -> None:
+        """Nothing to release. The methods are `async` (they never block): the server calls them in
+        its event loop, not in a thread each."""
+
+    def _progress(self, text: str) -> float:
+        """How far a wrong answer's episode got, from 0 to below 1."""
+        if not self.summed:
+            return 0.5 * _longest_start(CALL, text) / (len(CALL) + 1)
+        answer = str(self.a + self.b)
+        return 0.5 + 0.5 * _longest_start(answer, text) / (len(answer) + 1)
+
+    def _run(self, call: ToolCall) -> str:
+        if call.name != ADD.name:
+            return "bad call"
+        if not call.arguments.strip():
+            return str(self.a + self.b)
         arguments = call.json_arguments()
-        if call.name != ADD.name or arguments is None:
+        if arguments is None:
             return "bad call"
         a, b = arguments.get("a"), arguments.get("b")
         if not isinstance(a, int) or not isinstance(b, int) or isinstance(a, bool) or isinstance(b, bool):
             return "bad call"
         return str(a + b)
+
+
+def _longest_start(target: str, text: str) -> int:
+    """Length of the longest start of `target` found anywhere in `text`."""
+    return next((n for n in range(len(target), 0, -1) if target[:n] in text), 0)
