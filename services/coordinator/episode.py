@@ -24,8 +24,8 @@ was restarted too holds nothing, and the first play goes on.
 A turn is never re-tokenized: what the model sampled stays in the sample as sampled, with its
 logprobs and weight versions, and the environment's replies are context tokens (no loss). Where the
 token stream cannot be proven equal to a full render of the messages (a fork), the sample ends
-there: the episode plays on, its reward is the whole episode's, and the turns after the fork are
-not trained (counted as `forks`).
+there and a new one starts from the full render: the episode plays on, each of its samples is
+trained with the whole episode's reward, and `forks` counts them.
 """
 
 from __future__ import annotations
@@ -70,22 +70,30 @@ CORRECT = "correct"
 """The reward component that, at 1 or more, counts an episode correct."""
 
 
-@dataclass
-class EpisodeResult:
-    """A played episode as its attempt records it."""
+@dataclass(frozen=True)
+class EpisodeSample:
+    """One trained sample of an episode: a prompt, then a completion tiled by segments."""
 
     prompt_token_ids: list[int]
     completion: TokenSequence
     """Every token after the prompt, model and context alike; logprobs and versions of the model's."""
     segments: tuple[Segment, ...]
+    text: str
+    """The completion decoded, for the journal and the logs."""
+
+
+@dataclass
+class EpisodeResult:
+    """A played episode as its attempt records it."""
+
+    samples: list[EpisodeSample]
+    """The first from the opening, then one per fork that holds a model turn."""
     reward: float
     """The sum of every reward component of every step."""
     correct: bool
     finish_reason: FinishReason
     """STOP when the environment terminated it; LENGTH when it was truncated."""
     server: str
-    text: str = ""
-    """The completion decoded, for the journal and the logs."""
     turns: int = 0
     tool_calls: int = 0
     forks: int = 0
@@ -175,7 +183,6 @@ class EpisodeDriver:
         tokens = EpisodeTokens(self._renderer, opening, tools, max_context=self._max_context)
         server, reward, correct, truncated = "", 0.0, False, False
         tool_calls, prefill, step_seconds = 0, 0, []
-        first_sample_turns = 0
         while True:
             budget = tokens.max_new_tokens(self._spec.sampling.max_new_tokens)
             if budget == 0:
@@ -188,8 +195,6 @@ class EpisodeDriver:
             server, completion = await self._pool.generate(request, prefer=server)
             turn = tokens.add_turn(completion.tokens, completion.finish_reason)
             tool_calls += len(turn.message.tool_calls)
-            if tokens.forks == 0:
-                first_sample_turns = tokens.turns
             if turn.truncated:
                 truncated = True  # cut by max_new_tokens: never bridged
                 break
@@ -207,25 +212,29 @@ class EpisodeDriver:
                 break
             _check_reply(step.messages)
             tokens.add_reply(step.messages)
-        sample = tokens.samples()[0]
+        samples = [self._sample(s) for s in tokens.samples() if s.model_spans]
+        if not samples:  # not one turn fit: the opening fills the context
+            raise FailedPrecondition(
+                f"the episode's opening leaves no room for a turn in a context of {self._max_context} tokens"
+            )
         log.debug("episode played", episode_id=episode_id, turns=tokens.turns, reward=reward,
-                  forks=tokens.forks, trained_turns=first_sample_turns)  # fmt: skip
-        prompt_ids, completion, segments = _split(sample)
+                  forks=tokens.forks, samples=len(samples))  # fmt: skip
         return EpisodeResult(
-            prompt_ids,
-            completion,
-            segments,
+            samples,
             reward,
             correct,
             FinishReason.LENGTH if truncated else FinishReason.STOP,
             server,
-            text=self._renderer.decode(completion.token_ids),
             turns=tokens.turns,
             tool_calls=tool_calls,
             forks=tokens.forks,
             step_seconds=step_seconds,
             prefill_tokens=prefill,
         )
+
+    def _sample(self, tokens: SegmentedTokens) -> EpisodeSample:
+        prompt, completion, segments = _split(tokens)
+        return EpisodeSample(prompt, completion, segments, self._renderer.decode(completion.token_ids))
 
 
 class _EnvironmentFailed(Exception):

@@ -169,20 +169,31 @@ class Journal:
         """Attempts whose completion came back (a group's, once all of them have), in one
         transaction."""
         now = time.time()
-        rows = []
-        for a in attempts:
-            assert a.completion is not None and a.prompt_token_ids is not None and a.finish_reason is not None
-            tokens = {"token_ids": a.completion.token_ids, "logprobs": a.completion.logprobs,
-                      "versions": a.completion.versions}  # fmt: skip
-            if a.segments:
-                tokens["segments"] = [[s.kind.value, s.num_tokens] for s in a.segments]
-            rows.append((json.dumps(a.prompt_token_ids), json.dumps(tokens), a.text, a.finish_reason.value,
-                         a.server, now, a.sample_id))  # fmt: skip
+        rows = [(*_generated_row(a), now, a.sample_id) for a in attempts]
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany(
                 "UPDATE attempts SET state = 'generated', prompt_token_ids = ?, completion = ?, text = ?,"
                 " finish_reason = ?, server = ?, updated_at = ? WHERE sample_id = ?",
+                rows,
+            )
+
+    def mark_played(self, group_id: str, attempts: Sequence[AttemptRecord]) -> None:
+        """Episodes of a group, played and rewarded by their environment, in one transaction: each
+        attempt scored with its completion, and the samples an episode's forks added (attempts
+        not yet in the journal) recorded as scored attempts of the same group."""
+        now = time.time()
+        rows = [(a.sample_id, group_id, *_generated_row(a), a.reward, int(a.correct), now) for a in attempts]
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT INTO attempts (sample_id, group_id, state, prompt_token_ids, completion, text,"
+                " finish_reason, server, reward, correct, updated_at)"
+                " VALUES (?, ?, 'scored', ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (sample_id) DO UPDATE SET state = 'scored',"
+                " prompt_token_ids = excluded.prompt_token_ids, completion = excluded.completion,"
+                " text = excluded.text, finish_reason = excluded.finish_reason, server = excluded.server,"
+                " reward = excluded.reward, correct = excluded.correct, updated_at = excluded.updated_at",
                 rows,
             )
 
@@ -275,3 +286,16 @@ class Journal:
             key = f"acked:{disposition}" if state == "acked" else state
             counts[key] = counts.get(key, 0) + n
         return counts
+
+
+def _generated_row(a: AttemptRecord) -> tuple[str, str, str, str, str]:
+    """(prompt ids, completion, text, finish reason, server) of a generated attempt, as stored."""
+    assert a.completion is not None and a.prompt_token_ids is not None and a.finish_reason is not None
+    tokens: dict[str, object] = {
+        "token_ids": a.completion.token_ids,
+        "logprobs": a.completion.logprobs,
+        "versions": a.completion.versions,
+    }
+    if a.segments:
+        tokens["segments"] = [[s.kind.value, s.num_tokens] for s in a.segments]
+    return json.dumps(a.prompt_token_ids), json.dumps(tokens), a.text, a.finish_reason.value, a.server

@@ -6,8 +6,9 @@
 
 In an environment run an attempt is a multi-turn episode (episode.py): the G attempts of a group
 play the episode of one seed, the environment rewards them, and they skip the reward service. An
-episode is journaled once played (generated and scored together); one cut short by a restart is
-played again from the start.
+episode is journaled once played (generated and scored together, with the samples its forks added
+as attempts `<attempt>~<n>` of its group); one cut short by a restart is played again from the
+start.
 
 When every group in flight waits on the trainer and no more can start (the budget is spent, the
 dataset ended, the slots are full, or a sync round is complete), the trainer is asked to flush:
@@ -108,6 +109,8 @@ class RunLoop:
         self._problems = problems
         self._episodes = episodes
         self._episode_stats = _EpisodeCounters()
+        self._forks: dict[str, list[AttemptRecord]] = {}
+        """The attempts each episode's forks added, until its group journals them."""
         self._counts = _Counters.so_far(journal.counts(run_id))  # zeros for a new run
         self._rewards: deque[float] = deque(maxlen=WINDOW)
         self._correct: deque[bool] = deque(maxlen=WINDOW)
@@ -267,6 +270,7 @@ class RunLoop:
 
     async def _run_group(self, group: GroupRecord) -> None:
         bind_context(group_id=group.group_id)  # this task's log lines and calls carry it (trace.py)
+        size = len(group.attempts)  # as counted in flight: an episode's forks add attempts
         try:
             # An episode is journaled played and scored at once; one only generated is played again.
             episode = group.verifier == ENVIRONMENT
@@ -275,7 +279,12 @@ class RunLoop:
             self._journal.mark_dispatched([a.sample_id for a in pending])
             await asyncio.gather(*(self._generate(group, a) for a in pending))
             # Journaled once all are back: one not journaled is generated again on a restart.
-            self._journal.mark_generated([a for a in pending if a.state == "generated"])
+            if episode:
+                group.attempts += [f for a in pending for f in self._forks.pop(a.sample_id, [])]
+                played = [a for a in group.attempts if a.state == "generated"]
+                self._journal.mark_played(group.group_id, played)
+            else:
+                self._journal.mark_generated([a for a in pending if a.state == "generated"])
             usable = [a for a in group.attempts if a.completion is not None and a.state != "acked"]
             await self._score(group, [a for a in usable if a.state == "generated"])
             self._leave_round(group.group_id)
@@ -287,7 +296,7 @@ class RunLoop:
             self.stopping = True
         finally:
             self._leave_round(group.group_id)  # a failed or cancelled group holds up no other
-            await self._release(len(group.attempts))
+            await self._release(size)
 
     def _leave_round(self, group_id: str | None) -> None:
         self._round.discard(group_id or "")
@@ -329,21 +338,25 @@ class RunLoop:
         """Play `attempt`'s episode (the group's seed is its prompt); the environment scores it."""
         result = await episodes.play(attempt.sample_id, int(group.prompt))
         self._failures_in_a_row = 0
-        attempt.state, attempt.completion, attempt.segments = "generated", result.completion, result.segments
-        attempt.prompt_token_ids, attempt.finish_reason, attempt.server = (
-            result.prompt_token_ids, result.finish_reason, result.server,
-        )  # fmt: skip
-        attempt.reward, attempt.correct = result.reward, result.correct
-        attempt.text = result.text
-        self._counts.generated += 1
+        # the first sample is the attempt's; each later one (after a fork) an attempt of its own
+        records = [attempt] + [
+            AttemptRecord(f"{attempt.sample_id}~{n}", "") for n in range(1, len(result.samples))
+        ]
+        for record, sample in zip(records, result.samples, strict=True):
+            record.state, record.completion, record.segments = "generated", sample.completion, sample.segments
+            record.prompt_token_ids, record.text = sample.prompt_token_ids, sample.text
+            record.finish_reason, record.server = result.finish_reason, result.server
+            record.reward, record.correct = result.reward, result.correct
+            if sample.completion.logprobs:
+                self._surprisal.append(-statistics.fmean(sample.completion.logprobs))
+        self._forks[attempt.sample_id] = records[1:]
+        self._counts.generated += len(records)
         self._episode_stats.add(result)
-        if result.completion.logprobs:
-            self._surprisal.append(-statistics.fmean(result.completion.logprobs))
 
     async def _score(self, group: GroupRecord, attempts: list[AttemptRecord]) -> None:
         if not attempts:
             return
-        if group.verifier == ENVIRONMENT:
+        if group.verifier == ENVIRONMENT:  # rewarded by the environment, journaled as played
             self._scored([(a, a.reward or 0.0, a.correct) for a in attempts])
             return
         items = [ScoreItem(a.sample_id, group.prompt, a.text, group.answer, group.verifier) for a in attempts]
@@ -360,6 +373,7 @@ class RunLoop:
                 continue
             correct = any(d.verifier == group.verifier and d.score >= 1.0 for d in result.details)
             scored.append((attempt, result.reward, correct))
+        self._journal.mark_scored([(a.sample_id, reward, correct) for a, reward, correct in scored])
         self._scored(scored)
 
     def _scored(self, scored: list[tuple[AttemptRecord, float, bool]]) -> None:
@@ -368,7 +382,6 @@ class RunLoop:
             attempt.state, attempt.reward, attempt.correct = "scored", reward, correct
             self._rewards.append(reward)
             self._correct.append(correct)
-        self._journal.mark_scored([(a.sample_id, reward, correct) for a, reward, correct in scored])
         self._counts.scored += len(scored)
         if len(scored) > 1:
             self._flat.append(all_equal([reward for _, reward, _ in scored]))

@@ -14,13 +14,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
-from pipelinerl.common.model import build_tokenizer
+from pipelinerl.common.model import build_tokenizer, export_preset
+from pipelinerl.common.presets import CHAT_TEMPLATE
 from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.run import launch
+from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
 from tests.e2e.test_failover import assert_nothing_failed
 
 pytestmark = pytest.mark.slow
@@ -65,10 +68,10 @@ def assert_segments_hold(run_dir: Path) -> None:
         model = sum(n for kind, n in segments if kind == "model")
         assert model == len(completion["logprobs"]) == len(completion["versions"]) > 0
         assert segments[0][0] == "model"  # the prompt ends with the opener: the first turn follows
-        assert tokenizer.decode(prompt).endswith("U:guess 1 to 16\nA:")
+        assert str(tokenizer.decode(prompt)).endswith("U:guess 1 to 16\nA:")
         if len(segments) > 1:
             several += 1
-            text = tokenizer.decode(completion["token_ids"])
+            text = str(tokenizer.decode(completion["token_ids"]))
             # the environment's reply, then the next opener, between two model turns
             assert any(f"\nU:{reply}\nA:" in text for reply in ("higher", "lower", "a number")), text
     assert several > 0, "no episode of several turns"
@@ -134,3 +137,31 @@ async def test_a_run_trains_against_an_environment_written_in_typescript(tmp_pat
     assert result.state == "completed", result
     assert_nothing_failed(settings.run_dir, settings.run_id, BUDGET)
     assert_segments_hold(settings.run_dir)
+
+
+async def test_an_episode_that_forks_trains_each_of_its_samples_once(tmp_path: Path) -> None:
+    """A chat template that writes an earlier assistant turn otherwise than it was sampled (here in
+    capitals) cannot be appended to: at each reply after a turn with a lowercase letter the episode
+    forks, a new sample starts from the full render, and every sample of the episode is trained
+    once with the episode's reward."""
+    model = export_preset(tmp_path / "model", "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace(
+        "'A:' + (message.content or '')", "'A:' + (message.content or '') | upper"
+    )
+    tokenizer.save_pretrained(model)
+    settings = _settings(tmp_path / "run", model=str(model))
+    last: list[RunInfo] = []
+    result = await launch(settings, lambda run, _: last.append(run))
+    assert result.state == "completed", result
+    rows = journal_rows(settings.run_dir)
+    forks = {sample_id for sample_id in rows if "~" in sample_id}
+    assert len(rows) - len(forks) == BUDGET and forks, f"{len(forks)} fork samples"
+    episodes = last[-1].progress.episodes
+    assert episodes is not None and episodes.forks >= len(forks), episodes
+    assert_trained_exactly_once(settings.run_dir, len(rows))
+    journal = sqlite3.connect(settings.run_dir / "journal.sqlite")
+    rewards = dict(journal.execute("SELECT sample_id, reward FROM attempts").fetchall())
+    journal.close()
+    for fork in forks:  # each sample of an episode carries the episode's reward
+        assert rewards[fork] == rewards[fork.partition("~")[0]]
