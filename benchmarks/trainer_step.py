@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from pipelinerl.common.channel import free_port
-from pipelinerl.common.model import build_preset, build_tokenizer
+from pipelinerl.common.model import build_preset
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.coordinator.tasks import builtin_problems
 from pipelinerl.trainer.advantages import compute_advantages

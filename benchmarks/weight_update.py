@@ -88,10 +88,11 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.log import configure_logging, get_logger
-from pipelinerl.common.model import build_preset, build_tokenizer, preset_config
+from pipelinerl.common.model import build_preset, preset_config
 from pipelinerl.common.presets import PRESETS
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.types import SamplingParams, WeightVersion
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import InferenceEngine

@@ -20,13 +20,11 @@ Head sizes are 32, 64 and 128 because vLLM's CPU attention only supports some he
 from __future__ import annotations
 
 import json
-import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -35,16 +33,11 @@ from transformers import (
     PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
-from pipelinerl.common.presets import CHAT_TEMPLATE, PRESETS, not_a_model
-
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
-
+from pipelinerl.common.presets import PRESETS, not_a_model
+from pipelinerl.common.tokenizer import build_tokenizer
 
 # Wider than the usual 0.02 so that a random model's greedy output varies with the prompt instead of
 # repeating one token, which makes equivalence tests meaningful.
@@ -55,36 +48,6 @@ PRESET_INIT_RANGE = 0.1
 class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer: one token per digit, letter, punctuation mark, space or newline.
-
-    Encoding prepends `<bos>`; characters outside the vocabulary become `<unk>`. Its chat template
-    is `pipelinerl.common.presets.CHAT_TEMPLATE`, in the same characters.
-    """
-    vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    # Oniguruma's (?m) lets "." match newlines too, so every character is its own piece.
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])]
-    )
-    built = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
-    )
-    built.chat_template = CHAT_TEMPLATE
-    return built
-
-
-def load_tokenizer(source: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer of a preset, by name, or of a local HF directory."""
-    if str(source) in PRESETS:
-        return build_tokenizer()
-    if not Path(source).is_dir():
-        raise ValueError(not_a_model(source))
-    return AutoTokenizer.from_pretrained(source, local_files_only=True)
 
 
 def preset_config(name: str, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig | Qwen2Config:

@@ -140,7 +140,7 @@ class Coordinator:
     async def _episode_driver(self, spec: RunSpec, limits: ServerLimits) -> EpisodeDriver:
         """FailedPrecondition unless an environment replica that says it is `spec.environment` is up
         and the episodes can be rendered."""
-        from pipelinerl.common.model import load_tokenizer
+        from pipelinerl.common.tokenizer import load_tokenizer
         from pipelinerl.coordinator.chat_render import ChatRenderer
 
         environments = self._environments

@@ -80,7 +80,7 @@ def _chat_template(tokenizer: str | None) -> Callable[[str], str]:
     """The prompt wrapper: the tokenizer's chat template if it has one, else the prompt unchanged."""
     if tokenizer is None:
         return lambda prompt: prompt
-    from pipelinerl.common.model import load_tokenizer
+    from pipelinerl.common.tokenizer import load_tokenizer
 
     loaded = load_tokenizer(tokenizer)
     if not getattr(loaded, "chat_template", None):

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from pipelinerl.common.model import build_tokenizer, export_preset
+from pipelinerl.common.model import export_preset
 from pipelinerl.common.presets import CHAT_TEMPLATE
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.common.errors import InvalidArgument
-from pipelinerl.common.model import build_tokenizer
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.coordinator.datasets import open_problems
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "math_problems.jsonl"

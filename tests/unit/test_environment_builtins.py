@@ -38,7 +38,7 @@ async def play_guess_number(episodes: EpisodeTable, episode_id: str, seed: int) 
 
 
 async def test_guess_number_is_solved_by_binary_search_for_every_secret() -> None:
-    from pipelinerl.common.model import CHARACTERS
+    from pipelinerl.common.tokenizer import CHARACTERS
 
     episodes = table("guess_number")
     for seed in range(40):
@@ -86,7 +86,7 @@ def add(call_id: str, a: object, b: object, name: str = "add") -> ToolCall:
 
 
 async def test_calculator_is_solved_with_its_tool() -> None:
-    from pipelinerl.common.model import CHARACTERS
+    from pipelinerl.common.tokenizer import CHARACTERS
 
     episodes = table("calculator")
     for seed in range(20):

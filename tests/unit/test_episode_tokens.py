@@ -13,8 +13,9 @@ import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pipelinerl.common.model import build_tokenizer, export_preset
+from pipelinerl.common.model import export_preset
 from pipelinerl.common.presets import CHAT_TEMPLATE
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.chat_render import ChatRenderer
 from pipelinerl.coordinator.episode_tokens import EpisodeTokens, SegmentedTokens

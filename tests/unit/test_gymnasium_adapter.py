@@ -170,7 +170,7 @@ def test_blackjack_reads_hit_stick_and_gymnasiums_numbers() -> None:
 
 
 def test_the_text_fits_the_tiny_presets_characters() -> None:
-    from pipelinerl.common.model import CHARACTERS
+    from pipelinerl.common.tokenizer import CHARACTERS
 
     _, steps = play(FrozenLake(), 0, ["up", "nothing", *SHORTEST])
     texts = [FrozenLake().reset(0, "").messages[0].content] + [m.content for s in steps for m in s.messages]
