@@ -13,8 +13,9 @@ code crashed, the episode gone, a reply that breaks the contract: an assistant m
 shape) is infrastructure, never scored: the replica is set down (replicas.py) and the episode starts
 again from the start, with the same seed, on a replica that is up, `MAX_TRIES` times in all; then
 the attempt fails with the last error. A start or step that meets UNAVAILABLE is first made again
-on the same turn (a repeat gets the stored answer). The model's own mistakes are observations the
-environment answers in-band.
+on the same turn (a repeat gets the stored answer); a start a full replica refuses
+(RESOURCE_EXHAUSTED: it holds its `max_episodes`) is made again after a pause, not counted as a
+failure. The model's own mistakes are observations the environment answers in-band.
 
 Episode ids are `<attempt>.<play>`, the same after a coordinator restart: the restarted coordinator
 meets what a replica still holds of the play it lost (a start returns the stored opening, a step of
@@ -66,6 +67,9 @@ UNAVAILABLE_RETRIES = 2
 """Times a start or step that met UNAVAILABLE is made again on the same turn before the episode
 is played again from the start (a replica that went away loses its episodes: NOT_FOUND then)."""
 RETRY_DELAY_S = 0.25
+FULL_RETRY_S = 0.5
+"""Wait before starting again an episode a full replica refused (RESOURCE_EXHAUSTED at the start:
+it holds `max_episodes`); not counted among the episode's failed plays."""
 CORRECT = "correct"
 """The reward component that, at 1 or more, counts an episode correct."""
 
@@ -141,9 +145,13 @@ class EpisodeDriver:
                     result.environment_errors = failures
                     return result
                 except _EnvironmentFailed as failed:
-                    error = failed.error
+                    error, call = failed.error, failed.call
                     if error.code in RETRIED:
                         await self._environments.failed(replica, error.code, error.message)
+            if error.code == "RESOURCE_EXHAUSTED" and call == "start":  # full: not a failure
+                log.info("environment replica full; starting the episode again", replica=replica.address)
+                await asyncio.sleep(FULL_RETRY_S)
+                continue
             failures += 1
             self.errors += 1
             log.warning(
@@ -161,7 +169,7 @@ class EpisodeDriver:
         self, replica: Replica[EnvironmentClient], episode_id: str, seed: int
     ) -> EpisodeResult:
         env = replica.client
-        opening = await _call(partial(env.start, episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S))
+        opening = await _call(partial(env.start, episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S), "start")
         try:
             return await self._turns(env, episode_id, opening.messages, opening.tools, opening.max_turns)
         finally:
@@ -200,7 +208,7 @@ class EpisodeDriver:
                 break
             started = time.monotonic()
             step_call = partial(env.step, episode_id, tokens.turns, turn.message, timeout_s=CALL_TIMEOUT_S)
-            step = await _call(step_call)
+            step = await _call(step_call, "step")
             step_seconds.append(time.monotonic() - started)
             reward += step.reward
             correct = correct or any(c.name == CORRECT and c.value >= 1.0 for c in step.rewards)
@@ -238,12 +246,12 @@ class EpisodeDriver:
 
 
 class _EnvironmentFailed(Exception):
-    def __init__(self, error: PipelineError) -> None:
+    def __init__(self, error: PipelineError, call: str) -> None:
         super().__init__(error.message)
-        self.error = error
+        self.error, self.call = error, call
 
 
-async def _call(call: Callable[[], Awaitable[T]]) -> T:
+async def _call(call: Callable[[], Awaitable[T]], name: str) -> T:
     """An environment call's result, the call made again on UNAVAILABLE (starting and stepping are
     idempotent: a repeat gets the stored answer), UNAVAILABLE_RETRIES times at most; its failure as
     `_EnvironmentFailed` (a generation's failure is not the environment's, so it is not caught
@@ -253,14 +261,16 @@ async def _call(call: Callable[[], Awaitable[T]]) -> T:
             return await call()
         except PipelineError as exc:
             if exc.code != "UNAVAILABLE" or retry == UNAVAILABLE_RETRIES:
-                raise _EnvironmentFailed(exc) from exc
+                raise _EnvironmentFailed(exc, name) from exc
             await asyncio.sleep(RETRY_DELAY_S * 2**retry)
     raise AssertionError("unreachable")
 
 
 def _check_reply(messages: Sequence[Message]) -> None:
     if any(m.role is Role.ASSISTANT for m in messages):
-        raise _EnvironmentFailed(EnvironmentBroke("the environment replied with an assistant message"))
+        raise _EnvironmentFailed(
+            EnvironmentBroke("the environment replied with an assistant message"), "step"
+        )
 
 
 def _split(sample: SegmentedTokens) -> tuple[list[int], TokenSequence, tuple[Segment, ...]]:
