@@ -219,7 +219,8 @@ docker start $($compose ps -q) >/dev/null || fail "starting the containers again
 wait_for 480 all_healthy || fail "not every service was healthy 480 s after starting again"
 step=$(date +%s)
 PIPELINERL_RUN_AUTH_TOKEN=$token timeout 600 $BIN/pipelinerl run --coordinator-address 127.0.0.1:50050 \
-  --run-dir "$work/env-run" --environment guess_number --max-samples "$ENV_BUDGET" --duration-s 300 \
+  --run-id env-run --run-dir "$work/env-run" --environment guess_number --max-samples "$ENV_BUDGET" \
+  --duration-s 300 \
   >"$work/env-run.log" 2>&1 || { cat "$work/env-run.log" >&2; fail "the environment run failed"; }
 env_run_s=$(since "$step")
 grep -qE '^completed: ' "$work/env-run.log" || { cat "$work/env-run.log" >&2; fail "the environment run did not complete"; }
