@@ -77,6 +77,7 @@ async def test_an_episode_stays_on_its_server_and_moves_once_that_server_leaves(
         pool = InferencePool(ChannelConfig, addresses)
         await pool.start()
         stack.push_async_callback(pool.close)
+        await pool.limits(30)  # both connected: a turn pinned to a server not connected yet goes anywhere
         pinned = addresses[0]
         # more turns than its window (4): the rest wait for room on it, not on the idle other one
         turns = [pool.generate(GenerationRequest(f"t{i}", [1], sampling), prefer=pinned) for i in range(12)]
