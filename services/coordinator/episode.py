@@ -103,8 +103,6 @@ class EpisodeResult:
     forks: int = 0
     step_seconds: list[float] = field(default_factory=list)
     prefill_tokens: int = 0
-    environment_errors: int = 0
-    """Failed environment calls before this play (each restarted the episode)."""
 
 
 class EnvironmentBroke(PipelineError):
@@ -142,7 +140,6 @@ class EpisodeDriver:
                 try:
                     result = await self._play_once(replica, f"{episode_id}.{failures}", seed)
                     self._environments.succeeded(replica)
-                    result.environment_errors = failures
                     return result
                 except _EnvironmentFailed as failed:
                     error, call = failed.error, failed.call

@@ -272,14 +272,11 @@ class RunLoop:
         bind_context(group_id=group.group_id)  # this task's log lines and calls carry it (trace.py)
         size = len(group.attempts)  # as counted in flight: an episode's forks add attempts
         try:
-            # An episode is journaled played and scored at once; one only generated is played again.
-            episode = group.verifier == ENVIRONMENT
-            again = ("created", "dispatched", "generated") if episode else ("created", "dispatched")
-            pending = [a for a in group.attempts if a.state in again]
+            pending = [a for a in group.attempts if a.state in ("created", "dispatched")]
             self._journal.mark_dispatched([a.sample_id for a in pending])
             await asyncio.gather(*(self._generate(group, a) for a in pending))
             # Journaled once all are back: one not journaled is generated again on a restart.
-            if episode:
+            if group.verifier == ENVIRONMENT:  # played and scored at once, with any forks' samples
                 group.attempts += [f for a in pending for f in self._forks.pop(a.sample_id, [])]
                 played = [a for a in group.attempts if a.state == "generated"]
                 self._journal.mark_played(group.group_id, played)
