@@ -27,47 +27,51 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from pipelinerl.common.v1 import common_pb2 as pipelinerl_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+pipelinerl/coordinator/v1/coordinator.proto\x12\x19pipelinerl.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!pipelinerl/common/v1/common.proto\"\xf7\x01\n\x07RunSpec\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x12\n\ngroup_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_samples\x18\x03 \x01(\x03\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.pipelinerl.common.v1.SamplingParams\x12-\n\x04mode\x18\x05 \x01(\x0e\x32\x1f.pipelinerl.coordinator.v1.Mode\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x13\n\x0b\x65nvironment\x18\x08 \x01(\t\x12\x11\n\tmax_turns\x18\t \x01(\x05\"D\n\rServerVersion\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\tin_flight\x18\x03 \x01(\x05\"\xfb\x02\n\x08Progress\x12\x12\n\ndispatched\x18\x01 \x01(\x03\x12\x11\n\tgenerated\x18\x02 \x01(\x03\x12\x0e\n\x06scored\x18\x03 \x01(\x03\x12\x0f\n\x07trained\x18\x04 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x05 \x01(\x03\x12\x15\n\rsamples_per_s\x18\x06 \x01(\x01\x12\x13\n\x0breward_mean\x18\x07 \x01(\x01\x12\x18\n\x10\x63orrect_fraction\x18\x08 \x01(\x01\x12\x10\n\x08lag_mean\x18\t \x01(\x01\x12\x17\n\x0ftrainer_version\x18\n \x01(\x03\x12\x39\n\x07servers\x18\x0b \x03(\x0b\x32(.pipelinerl.coordinator.v1.ServerVersion\x12\x1e\n\x16zero_variance_fraction\x18\x0c \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\r \x01(\x01\x12\x39\n\x08\x65pisodes\x18\x0e \x01(\x0b\x32\'.pipelinerl.coordinator.v1.EpisodeStats\"\xbe\x01\n\x0c\x45pisodeStats\x12\x10\n\x08\x65pisodes\x18\x01 \x01(\x03\x12\x12\n\nturns_mean\x18\x02 \x01(\x01\x12\x12\n\ntool_calls\x18\x03 \x01(\x03\x12\x11\n\ttruncated\x18\x04 \x01(\x03\x12\r\n\x05\x66orks\x18\x05 \x01(\x03\x12\x1a\n\x12\x65nvironment_errors\x18\x06 \x01(\x03\x12\x19\n\x11step_seconds_mean\x18\x07 \x01(\x01\x12\x1b\n\x13prefill_tokens_mean\x18\x08 \x01(\x01\"\xf1\x01\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x30\n\x04spec\x18\x02 \x01(\x0b\x32\".pipelinerl.coordinator.v1.RunSpec\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.pipelinerl.coordinator.v1.RunState\x12\x35\n\x08progress\x18\x04 \x01(\x0b\x32#.pipelinerl.coordinator.v1.Progress\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"S\n\x0fStartRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x30\n\x04spec\x18\x02 \x01(\x0b\x32\".pipelinerl.coordinator.v1.RunSpec\"?\n\x10StartRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"=\n\x0eGetRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\x0fStopRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"?\n\x10WatchRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"B\n\x1eRegisterInferenceServerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"K\n\x1fRegisterInferenceServerResponse\x12(\n\x05lease\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration*>\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x11\n\rMODE_PIPELINE\x10\x01\x12\r\n\tMODE_SYNC\x10\x02*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x16\n\x12RUN_STATE_STOPPING\x10\x02\x12\x15\n\x11RUN_STATE_STOPPED\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x32\xb4\x04\n\x12\x43oordinatorService\x12\x63\n\x08StartRun\x12*.pipelinerl.coordinator.v1.StartRunRequest\x1a+.pipelinerl.coordinator.v1.StartRunResponse\x12]\n\x06GetRun\x12(.pipelinerl.coordinator.v1.GetRunRequest\x1a).pipelinerl.coordinator.v1.GetRunResponse\x12`\n\x07StopRun\x12).pipelinerl.coordinator.v1.StopRunRequest\x1a*.pipelinerl.coordinator.v1.StopRunResponse\x12\x65\n\x08WatchRun\x12*.pipelinerl.coordinator.v1.WatchRunRequest\x1a+.pipelinerl.coordinator.v1.WatchRunResponse0\x01\x12\x90\x01\n\x17RegisterInferenceServer\x12\x39.pipelinerl.coordinator.v1.RegisterInferenceServerRequest\x1a:.pipelinerl.coordinator.v1.RegisterInferenceServerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+pipelinerl/coordinator/v1/coordinator.proto\x12\x19pipelinerl.coordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!pipelinerl/common/v1/common.proto\"\xdb\x02\n\x07RunSpec\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x12\n\ngroup_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_samples\x18\x03 \x01(\x03\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.pipelinerl.common.v1.SamplingParams\x12-\n\x04mode\x18\x05 \x01(\x0e\x32\x1f.pipelinerl.coordinator.v1.Mode\x12\x15\n\rmax_in_flight\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x13\n\x0b\x65nvironment\x18\x08 \x01(\t\x12\x11\n\tmax_turns\x18\t \x01(\x05\x12>\n\x0b\x65valuations\x18\n \x03(\x0b\x32).pipelinerl.coordinator.v1.EvaluationSpec\x12\x0e\n\x06\x65pochs\x18\x0b \x01(\x05\x12\x12\n\neval_split\x18\x0c \x01(\x01\"\xa4\x01\n\x0e\x45valuationSpec\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x16\n\x0e\x65very_versions\x18\x02 \x01(\x05\x12\x1b\n\x13samples_per_problem\x18\x03 \x01(\x05\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.pipelinerl.common.v1.SamplingParams\x12\x14\n\x0cmax_problems\x18\x05 \x01(\x05\"\xcf\x02\n\x10\x45valuationResult\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x10\n\x08problems\x18\x03 \x01(\x05\x12\x1b\n\x13samples_per_problem\x18\x04 \x01(\x05\x12\x13\n\x0breward_mean\x18\x05 \x01(\x01\x12\x11\n\tpass_at_1\x18\x06 \x01(\x01\x12\x11\n\tpass_at_k\x18\x07 \x01(\x01\x12\x1e\n\x16\x63ompletion_tokens_mean\x18\x08 \x01(\x01\x12\x1a\n\x12truncated_fraction\x18\t \x01(\x01\x12/\n\x0b\x66inished_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08\x64uration\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06server\x18\x0c \x01(\t\"D\n\rServerVersion\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\tin_flight\x18\x03 \x01(\x05\"\xfb\x02\n\x08Progress\x12\x12\n\ndispatched\x18\x01 \x01(\x03\x12\x11\n\tgenerated\x18\x02 \x01(\x03\x12\x0e\n\x06scored\x18\x03 \x01(\x03\x12\x0f\n\x07trained\x18\x04 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x05 \x01(\x03\x12\x15\n\rsamples_per_s\x18\x06 \x01(\x01\x12\x13\n\x0breward_mean\x18\x07 \x01(\x01\x12\x18\n\x10\x63orrect_fraction\x18\x08 \x01(\x01\x12\x10\n\x08lag_mean\x18\t \x01(\x01\x12\x17\n\x0ftrainer_version\x18\n \x01(\x03\x12\x39\n\x07servers\x18\x0b \x03(\x0b\x32(.pipelinerl.coordinator.v1.ServerVersion\x12\x1e\n\x16zero_variance_fraction\x18\x0c \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\r \x01(\x01\x12\x39\n\x08\x65pisodes\x18\x0e \x01(\x0b\x32\'.pipelinerl.coordinator.v1.EpisodeStats\"\xbe\x01\n\x0c\x45pisodeStats\x12\x10\n\x08\x65pisodes\x18\x01 \x01(\x03\x12\x12\n\nturns_mean\x18\x02 \x01(\x01\x12\x12\n\ntool_calls\x18\x03 \x01(\x03\x12\x11\n\ttruncated\x18\x04 \x01(\x03\x12\r\n\x05\x66orks\x18\x05 \x01(\x03\x12\x1a\n\x12\x65nvironment_errors\x18\x06 \x01(\x03\x12\x19\n\x11step_seconds_mean\x18\x07 \x01(\x01\x12\x1b\n\x13prefill_tokens_mean\x18\x08 \x01(\x01\"\xb3\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x30\n\x04spec\x18\x02 \x01(\x0b\x32\".pipelinerl.coordinator.v1.RunSpec\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.pipelinerl.coordinator.v1.RunState\x12\x35\n\x08progress\x18\x04 \x01(\x0b\x32#.pipelinerl.coordinator.v1.Progress\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12@\n\x0b\x65valuations\x18\x07 \x03(\x0b\x32+.pipelinerl.coordinator.v1.EvaluationResult\"S\n\x0fStartRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x30\n\x04spec\x18\x02 \x01(\x0b\x32\".pipelinerl.coordinator.v1.RunSpec\"?\n\x10StartRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"=\n\x0eGetRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\" \n\x0eStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\x0fStopRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"?\n\x10WatchRunResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.pipelinerl.coordinator.v1.Run\"B\n\x1eRegisterInferenceServerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"K\n\x1fRegisterInferenceServerResponse\x12(\n\x05lease\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration*>\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x11\n\rMODE_PIPELINE\x10\x01\x12\r\n\tMODE_SYNC\x10\x02*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x16\n\x12RUN_STATE_STOPPING\x10\x02\x12\x15\n\x11RUN_STATE_STOPPED\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x32\xb4\x04\n\x12\x43oordinatorService\x12\x63\n\x08StartRun\x12*.pipelinerl.coordinator.v1.StartRunRequest\x1a+.pipelinerl.coordinator.v1.StartRunResponse\x12]\n\x06GetRun\x12(.pipelinerl.coordinator.v1.GetRunRequest\x1a).pipelinerl.coordinator.v1.GetRunResponse\x12`\n\x07StopRun\x12).pipelinerl.coordinator.v1.StopRunRequest\x1a*.pipelinerl.coordinator.v1.StopRunResponse\x12\x65\n\x08WatchRun\x12*.pipelinerl.coordinator.v1.WatchRunRequest\x1a+.pipelinerl.coordinator.v1.WatchRunResponse0\x01\x12\x90\x01\n\x17RegisterInferenceServer\x12\x39.pipelinerl.coordinator.v1.RegisterInferenceServerRequest\x1a:.pipelinerl.coordinator.v1.RegisterInferenceServerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pipelinerl.coordinator.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1902
-  _globals['_MODE']._serialized_end=1964
-  _globals['_RUNSTATE']._serialized_start=1967
-  _globals['_RUNSTATE']._serialized_end=2121
+  _globals['_MODE']._serialized_start=2573
+  _globals['_MODE']._serialized_end=2635
+  _globals['_RUNSTATE']._serialized_start=2638
+  _globals['_RUNSTATE']._serialized_end=2792
   _globals['_RUNSPEC']._serialized_start=175
-  _globals['_RUNSPEC']._serialized_end=422
-  _globals['_SERVERVERSION']._serialized_start=424
-  _globals['_SERVERVERSION']._serialized_end=492
-  _globals['_PROGRESS']._serialized_start=495
-  _globals['_PROGRESS']._serialized_end=874
-  _globals['_EPISODESTATS']._serialized_start=877
-  _globals['_EPISODESTATS']._serialized_end=1067
-  _globals['_RUN']._serialized_start=1070
-  _globals['_RUN']._serialized_end=1311
-  _globals['_STARTRUNREQUEST']._serialized_start=1313
-  _globals['_STARTRUNREQUEST']._serialized_end=1396
-  _globals['_STARTRUNRESPONSE']._serialized_start=1398
-  _globals['_STARTRUNRESPONSE']._serialized_end=1461
-  _globals['_GETRUNREQUEST']._serialized_start=1463
-  _globals['_GETRUNREQUEST']._serialized_end=1494
-  _globals['_GETRUNRESPONSE']._serialized_start=1496
-  _globals['_GETRUNRESPONSE']._serialized_end=1557
-  _globals['_STOPRUNREQUEST']._serialized_start=1559
-  _globals['_STOPRUNREQUEST']._serialized_end=1591
-  _globals['_STOPRUNRESPONSE']._serialized_start=1593
-  _globals['_STOPRUNRESPONSE']._serialized_end=1655
-  _globals['_WATCHRUNREQUEST']._serialized_start=1657
-  _globals['_WATCHRUNREQUEST']._serialized_end=1690
-  _globals['_WATCHRUNRESPONSE']._serialized_start=1692
-  _globals['_WATCHRUNRESPONSE']._serialized_end=1755
-  _globals['_REGISTERINFERENCESERVERREQUEST']._serialized_start=1757
-  _globals['_REGISTERINFERENCESERVERREQUEST']._serialized_end=1823
-  _globals['_REGISTERINFERENCESERVERRESPONSE']._serialized_start=1825
-  _globals['_REGISTERINFERENCESERVERRESPONSE']._serialized_end=1900
-  _globals['_COORDINATORSERVICE']._serialized_start=2124
-  _globals['_COORDINATORSERVICE']._serialized_end=2688
+  _globals['_RUNSPEC']._serialized_end=522
+  _globals['_EVALUATIONSPEC']._serialized_start=525
+  _globals['_EVALUATIONSPEC']._serialized_end=689
+  _globals['_EVALUATIONRESULT']._serialized_start=692
+  _globals['_EVALUATIONRESULT']._serialized_end=1027
+  _globals['_SERVERVERSION']._serialized_start=1029
+  _globals['_SERVERVERSION']._serialized_end=1097
+  _globals['_PROGRESS']._serialized_start=1100
+  _globals['_PROGRESS']._serialized_end=1479
+  _globals['_EPISODESTATS']._serialized_start=1482
+  _globals['_EPISODESTATS']._serialized_end=1672
+  _globals['_RUN']._serialized_start=1675
+  _globals['_RUN']._serialized_end=1982
+  _globals['_STARTRUNREQUEST']._serialized_start=1984
+  _globals['_STARTRUNREQUEST']._serialized_end=2067
+  _globals['_STARTRUNRESPONSE']._serialized_start=2069
+  _globals['_STARTRUNRESPONSE']._serialized_end=2132
+  _globals['_GETRUNREQUEST']._serialized_start=2134
+  _globals['_GETRUNREQUEST']._serialized_end=2165
+  _globals['_GETRUNRESPONSE']._serialized_start=2167
+  _globals['_GETRUNRESPONSE']._serialized_end=2228
+  _globals['_STOPRUNREQUEST']._serialized_start=2230
+  _globals['_STOPRUNREQUEST']._serialized_end=2262
+  _globals['_STOPRUNRESPONSE']._serialized_start=2264
+  _globals['_STOPRUNRESPONSE']._serialized_end=2326
+  _globals['_WATCHRUNREQUEST']._serialized_start=2328
+  _globals['_WATCHRUNREQUEST']._serialized_end=2361
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2363
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2426
+  _globals['_REGISTERINFERENCESERVERREQUEST']._serialized_start=2428
+  _globals['_REGISTERINFERENCESERVERREQUEST']._serialized_end=2494
+  _globals['_REGISTERINFERENCESERVERRESPONSE']._serialized_start=2496
+  _globals['_REGISTERINFERENCESERVERRESPONSE']._serialized_end=2571
+  _globals['_COORDINATORSERVICE']._serialized_start=2795
+  _globals['_COORDINATORSERVICE']._serialized_end=3359
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,7 @@ RUN_STATE_COMPLETED: RunState
 RUN_STATE_FAILED: RunState
 
 class RunSpec(_message.Message):
-    __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed", "environment", "max_turns")
+    __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed", "environment", "max_turns", "evaluations", "epochs", "eval_split")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,9 @@ class RunSpec(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SPLIT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     group_size: int
     max_samples: int
@@ -56,7 +59,52 @@ class RunSpec(_message.Message):
     seed: int
     environment: str
     max_turns: int
-    def __init__(self, dataset: _Optional[str] = ..., group_size: _Optional[int] = ..., max_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., max_in_flight: _Optional[int] = ..., seed: _Optional[int] = ..., environment: _Optional[str] = ..., max_turns: _Optional[int] = ...) -> None: ...
+    evaluations: _containers.RepeatedCompositeFieldContainer[EvaluationSpec]
+    epochs: int
+    eval_split: float
+    def __init__(self, dataset: _Optional[str] = ..., group_size: _Optional[int] = ..., max_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., max_in_flight: _Optional[int] = ..., seed: _Optional[int] = ..., environment: _Optional[str] = ..., max_turns: _Optional[int] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationSpec, _Mapping]]] = ..., epochs: _Optional[int] = ..., eval_split: _Optional[float] = ...) -> None: ...
+
+class EvaluationSpec(_message.Message):
+    __slots__ = ("dataset", "every_versions", "samples_per_problem", "sampling", "max_problems")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    EVERY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    every_versions: int
+    samples_per_problem: int
+    sampling: _common_pb2.SamplingParams
+    max_problems: int
+    def __init__(self, dataset: _Optional[str] = ..., every_versions: _Optional[int] = ..., samples_per_problem: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_problems: _Optional[int] = ...) -> None: ...
+
+class EvaluationResult(_message.Message):
+    __slots__ = ("dataset", "weight_version", "problems", "samples_per_problem", "reward_mean", "pass_at_1", "pass_at_k", "completion_tokens_mean", "truncated_fraction", "finished_at", "duration", "server")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    PASS_AT_1_FIELD_NUMBER: _ClassVar[int]
+    PASS_AT_K_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    weight_version: int
+    problems: int
+    samples_per_problem: int
+    reward_mean: float
+    pass_at_1: float
+    pass_at_k: float
+    completion_tokens_mean: float
+    truncated_fraction: float
+    finished_at: _timestamp_pb2.Timestamp
+    duration: _duration_pb2.Duration
+    server: str
+    def __init__(self, dataset: _Optional[str] = ..., weight_version: _Optional[int] = ..., problems: _Optional[int] = ..., samples_per_problem: _Optional[int] = ..., reward_mean: _Optional[float] = ..., pass_at_1: _Optional[float] = ..., pass_at_k: _Optional[float] = ..., completion_tokens_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server: _Optional[str] = ...) -> None: ...
 
 class ServerVersion(_message.Message):
     __slots__ = ("address", "version", "in_flight")
@@ -121,20 +169,22 @@ class EpisodeStats(_message.Message):
     def __init__(self, episodes: _Optional[int] = ..., turns_mean: _Optional[float] = ..., tool_calls: _Optional[int] = ..., truncated: _Optional[int] = ..., forks: _Optional[int] = ..., environment_errors: _Optional[int] = ..., step_seconds_mean: _Optional[float] = ..., prefill_tokens_mean: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "spec", "state", "progress", "started_at", "error")
+    __slots__ = ("run_id", "spec", "state", "progress", "started_at", "error", "evaluations")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     spec: RunSpec
     state: RunState
     progress: Progress
     started_at: _timestamp_pb2.Timestamp
     error: str
-    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[RunSpec, _Mapping]] = ..., state: _Optional[_Union[RunState, str]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    evaluations: _containers.RepeatedCompositeFieldContainer[EvaluationResult]
+    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[RunSpec, _Mapping]] = ..., state: _Optional[_Union[RunState, str]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
     __slots__ = ("run_id", "spec")

@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file pipelinerl/coordinator/v1/coordinator.proto.
  */
 export const file_pipelinerl_coordinator_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("CitwaXBlbGluZXJsL2Nvb3JkaW5hdG9yL3YxL2Nvb3JkaW5hdG9yLnByb3RvEhlwaXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxIvcBCgdSdW5TcGVjEg8KB2RhdGFzZXQYASABKAkSEgoKZ3JvdXBfc2l6ZRgCIAEoBRITCgttYXhfc2FtcGxlcxgDIAEoAxI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEi0KBG1vZGUYBSABKA4yHy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLk1vZGUSFQoNbWF4X2luX2ZsaWdodBgGIAEoBRIMCgRzZWVkGAcgASgEEhMKC2Vudmlyb25tZW50GAggASgJEhEKCW1heF90dXJucxgJIAEoBSJECg1TZXJ2ZXJWZXJzaW9uEg8KB2FkZHJlc3MYASABKAkSDwoHdmVyc2lvbhgCIAEoAxIRCglpbl9mbGlnaHQYAyABKAUi+wIKCFByb2dyZXNzEhIKCmRpc3BhdGNoZWQYASABKAMSEQoJZ2VuZXJhdGVkGAIgASgDEg4KBnNjb3JlZBgDIAEoAxIPCgd0cmFpbmVkGAQgASgDEg8KB2Ryb3BwZWQYBSABKAMSFQoNc2FtcGxlc19wZXJfcxgGIAEoARITCgtyZXdhcmRfbWVhbhgHIAEoARIYChBjb3JyZWN0X2ZyYWN0aW9uGAggASgBEhAKCGxhZ19tZWFuGAkgASgBEhcKD3RyYWluZXJfdmVyc2lvbhgKIAEoAxI5CgdzZXJ2ZXJzGAsgAygLMigucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TZXJ2ZXJWZXJzaW9uEh4KFnplcm9fdmFyaWFuY2VfZnJhY3Rpb24YDCABKAESDwoHZW50cm9weRgNIAEoARI5CghlcGlzb2RlcxgOIAEoCzInLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuRXBpc29kZVN0YXRzIr4BCgxFcGlzb2RlU3RhdHMSEAoIZXBpc29kZXMYASABKAMSEgoKdHVybnNfbWVhbhgCIAEoARISCgp0b29sX2NhbGxzGAMgASgDEhEKCXRydW5jYXRlZBgEIAEoAxINCgVmb3JrcxgFIAEoAxIaChJlbnZpcm9ubWVudF9lcnJvcnMYBiABKAMSGQoRc3RlcF9zZWNvbmRzX21lYW4YByABKAESGwoTcHJlZmlsbF90b2tlbnNfbWVhbhgIIAEoASLxAQoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIwCgRzcGVjGAIgASgLMiIucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TcGVjEjIKBXN0YXRlGAMgASgOMiMucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TdGF0ZRI1Cghwcm9ncmVzcxgEIAEoCzIjLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUHJvZ3Jlc3MSLgoKc3RhcnRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXJyb3IYBiABKAkiUwoPU3RhcnRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIwCgRzcGVjGAIgASgLMiIucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW5TcGVjIj8KEFN0YXJ0UnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPQoOR2V0UnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iIAoOU3RvcFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIj4KD1N0b3BSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIhCg9XYXRjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIj8KEFdhdGNoUnVuUmVzcG9uc2USKwoDcnVuGAEgASgLMh4ucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SdW4iQgoeUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXJSZXF1ZXN0Eg8KB2FkZHJlc3MYASABKAkSDwoHbGVhdmluZxgCIAEoCCJLCh9SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlc3BvbnNlEigKBWxlYXNlGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKj4KBE1vZGUSFAoQTU9ERV9VTlNQRUNJRklFRBAAEhEKDU1PREVfUElQRUxJTkUQARINCglNT0RFX1NZTkMQAiqaAQoIUnVuU3RhdGUSGQoVUlVOX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRFX1JVTk5JTkcQARIWChJSVU5fU1RBVEVfU1RPUFBJTkcQAhIVChFSVU5fU1RBVEVfU1RPUFBFRBADEhcKE1JVTl9TVEFURV9DT01QTEVURUQQBBIUChBSVU5fU1RBVEVfRkFJTEVEEAUytAQKEkNvb3JkaW5hdG9yU2VydmljZRJjCghTdGFydFJ1bhIqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RhcnRSdW5SZXF1ZXN0GisucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdGFydFJ1blJlc3BvbnNlEl0KBkdldFJ1bhIoLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuR2V0UnVuUmVxdWVzdBopLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuR2V0UnVuUmVzcG9uc2USYAoHU3RvcFJ1bhIpLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RvcFJ1blJlcXVlc3QaKi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlN0b3BSdW5SZXNwb25zZRJlCghXYXRjaFJ1bhIqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuV2F0Y2hSdW5SZXF1ZXN0GisucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5XYXRjaFJ1blJlc3BvbnNlMAESkAEKF1JlZ2lzdGVySW5mZXJlbmNlU2VydmVyEjkucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlcXVlc3QaOi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_pipelinerl_common_v1_common]);
+  fileDesc("CitwaXBlbGluZXJsL2Nvb3JkaW5hdG9yL3YxL2Nvb3JkaW5hdG9yLnByb3RvEhlwaXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxItsCCgdSdW5TcGVjEg8KB2RhdGFzZXQYASABKAkSEgoKZ3JvdXBfc2l6ZRgCIAEoBRITCgttYXhfc2FtcGxlcxgDIAEoAxI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEi0KBG1vZGUYBSABKA4yHy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLk1vZGUSFQoNbWF4X2luX2ZsaWdodBgGIAEoBRIMCgRzZWVkGAcgASgEEhMKC2Vudmlyb25tZW50GAggASgJEhEKCW1heF90dXJucxgJIAEoBRI+CgtldmFsdWF0aW9ucxgKIAMoCzIpLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuRXZhbHVhdGlvblNwZWMSDgoGZXBvY2hzGAsgASgFEhIKCmV2YWxfc3BsaXQYDCABKAEipAEKDkV2YWx1YXRpb25TcGVjEg8KB2RhdGFzZXQYASABKAkSFgoOZXZlcnlfdmVyc2lvbnMYAiABKAUSGwoTc2FtcGxlc19wZXJfcHJvYmxlbRgDIAEoBRI2CghzYW1wbGluZxgEIAEoCzIkLnBpcGVsaW5lcmwuY29tbW9uLnYxLlNhbXBsaW5nUGFyYW1zEhQKDG1heF9wcm9ibGVtcxgFIAEoBSLPAgoQRXZhbHVhdGlvblJlc3VsdBIPCgdkYXRhc2V0GAEgASgJEhYKDndlaWdodF92ZXJzaW9uGAIgASgDEhAKCHByb2JsZW1zGAMgASgFEhsKE3NhbXBsZXNfcGVyX3Byb2JsZW0YBCABKAUSEwoLcmV3YXJkX21lYW4YBSABKAESEQoJcGFzc19hdF8xGAYgASgBEhEKCXBhc3NfYXRfaxgHIAEoARIeChZjb21wbGV0aW9uX3Rva2Vuc19tZWFuGAggASgBEhoKEnRydW5jYXRlZF9mcmFjdGlvbhgJIAEoARIvCgtmaW5pc2hlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoIZHVyYXRpb24YCyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGc2VydmVyGAwgASgJIkQKDVNlcnZlclZlcnNpb24SDwoHYWRkcmVzcxgBIAEoCRIPCgd2ZXJzaW9uGAIgASgDEhEKCWluX2ZsaWdodBgDIAEoBSL7AgoIUHJvZ3Jlc3MSEgoKZGlzcGF0Y2hlZBgBIAEoAxIRCglnZW5lcmF0ZWQYAiABKAMSDgoGc2NvcmVkGAMgASgDEg8KB3RyYWluZWQYBCABKAMSDwoHZHJvcHBlZBgFIAEoAxIVCg1zYW1wbGVzX3Blcl9zGAYgASgBEhMKC3Jld2FyZF9tZWFuGAcgASgBEhgKEGNvcnJlY3RfZnJhY3Rpb24YCCABKAESEAoIbGFnX21lYW4YCSABKAESFwoPdHJhaW5lcl92ZXJzaW9uGAogASgDEjkKB3NlcnZlcnMYCyADKAsyKC5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlNlcnZlclZlcnNpb24SHgoWemVyb192YXJpYW5jZV9mcmFjdGlvbhgMIAEoARIPCgdlbnRyb3B5GA0gASgBEjkKCGVwaXNvZGVzGA4gASgLMicucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5FcGlzb2RlU3RhdHMivgEKDEVwaXNvZGVTdGF0cxIQCghlcGlzb2RlcxgBIAEoAxISCgp0dXJuc19tZWFuGAIgASgBEhIKCnRvb2xfY2FsbHMYAyABKAMSEQoJdHJ1bmNhdGVkGAQgASgDEg0KBWZvcmtzGAUgASgDEhoKEmVudmlyb25tZW50X2Vycm9ycxgGIAEoAxIZChFzdGVwX3NlY29uZHNfbWVhbhgHIAEoARIbChNwcmVmaWxsX3Rva2Vuc19tZWFuGAggASgBIrMCCgNSdW4SDgoGcnVuX2lkGAEgASgJEjAKBHNwZWMYAiABKAsyIi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blNwZWMSMgoFc3RhdGUYAyABKA4yIy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blN0YXRlEjUKCHByb2dyZXNzGAQgASgLMiMucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5Qcm9ncmVzcxIuCgpzdGFydGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVlcnJvchgGIAEoCRJACgtldmFsdWF0aW9ucxgHIAMoCzIrLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuRXZhbHVhdGlvblJlc3VsdCJTCg9TdGFydFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEjAKBHNwZWMYAiABKAsyIi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1blNwZWMiPwoQU3RhcnRSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIfCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSI9Cg5HZXRSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biIgCg5TdG9wUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPgoPU3RvcFJ1blJlc3BvbnNlEisKA3J1bhgBIAEoCzIeLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUnVuIiEKD1dhdGNoUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiPwoQV2F0Y2hSdW5SZXNwb25zZRIrCgNydW4YASABKAsyHi5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJ1biJCCh5SZWdpc3RlckluZmVyZW5jZVNlcnZlclJlcXVlc3QSDwoHYWRkcmVzcxgBIAEoCRIPCgdsZWF2aW5nGAIgASgIIksKH1JlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVzcG9uc2USKAoFbGVhc2UYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24qPgoETW9kZRIUChBNT0RFX1VOU1BFQ0lGSUVEEAASEQoNTU9ERV9QSVBFTElORRABEg0KCU1PREVfU1lOQxACKpoBCghSdW5TdGF0ZRIZChVSVU5fU1RBVEVfVU5TUEVDSUZJRUQQABIVChFSVU5fU1RBVEVfUlVOTklORxABEhYKElJVTl9TVEFURV9TVE9QUElORxACEhUKEVJVTl9TVEFURV9TVE9QUEVEEAMSFwoTUlVOX1NUQVRFX0NPTVBMRVRFRBAEEhQKEFJVTl9TVEFURV9GQUlMRUQQBTK0BAoSQ29vcmRpbmF0b3JTZXJ2aWNlEmMKCFN0YXJ0UnVuEioucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdGFydFJ1blJlcXVlc3QaKy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlN0YXJ0UnVuUmVzcG9uc2USXQoGR2V0UnVuEigucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5HZXRSdW5SZXF1ZXN0GikucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5HZXRSdW5SZXNwb25zZRJgCgdTdG9wUnVuEikucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5TdG9wUnVuUmVxdWVzdBoqLnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuU3RvcFJ1blJlc3BvbnNlEmUKCFdhdGNoUnVuEioucGlwZWxpbmVybC5jb29yZGluYXRvci52MS5XYXRjaFJ1blJlcXVlc3QaKy5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLldhdGNoUnVuUmVzcG9uc2UwARKQAQoXUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXISOS5waXBlbGluZXJsLmNvb3JkaW5hdG9yLnYxLlJlZ2lzdGVySW5mZXJlbmNlU2VydmVyUmVxdWVzdBo6LnBpcGVsaW5lcmwuY29vcmRpbmF0b3IudjEuUmVnaXN0ZXJJbmZlcmVuY2VTZXJ2ZXJSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_pipelinerl_common_v1_common]);
 
 /**
  * What to run.
@@ -98,6 +98,29 @@ export type RunSpec = Message<"pipelinerl.coordinator.v1.RunSpec"> & {
    * @generated from field: int32 max_turns = 9;
    */
   maxTurns: number;
+
+  /**
+   * Held-out evaluations run while the run trains (docs/evaluation.md); none when empty.
+   *
+   * @generated from field: repeated pipelinerl.coordinator.v1.EvaluationSpec evaluations = 10;
+   */
+  evaluations: EvaluationSpec[];
+
+  /**
+   * Passes over a file dataset, each in an order of its own drawn from `seed`; 0 means 1. A built-in
+   * task is endless and ignores it.
+   *
+   * @generated from field: int32 epochs = 11;
+   */
+  epochs: number;
+
+  /**
+   * Fraction of a file dataset's rows held out from training, chosen by `seed`, in [0, 0.5]: an
+   * evaluation whose dataset is the run's own file evaluates those rows. 0: none held out.
+   *
+   * @generated from field: double eval_split = 12;
+   */
+  evalSplit: number;
 };
 
 /**
@@ -106,6 +129,159 @@ export type RunSpec = Message<"pipelinerl.coordinator.v1.RunSpec"> & {
  */
 export const RunSpecSchema: GenMessage<RunSpec> = /*@__PURE__*/
   messageDesc(file_pipelinerl_coordinator_v1_coordinator, 0);
+
+/**
+ * One evaluation set of a run, evaluated at the run's first weight version, every
+ * `every_versions` versions after it, and at its last. Each evaluation is attributed to one
+ * version: every token of every completion of it was generated by that version. Its completions
+ * are scored by the reward service (an environment's by the environment) and never trained on.
+ *
+ * @generated from message pipelinerl.coordinator.v1.EvaluationSpec
+ */
+export type EvaluationSpec = Message<"pipelinerl.coordinator.v1.EvaluationSpec"> & {
+  /**
+   * The set: `builtin:<task>[:<size>]` (the task's held-out problems, which training never draws),
+   * a JSONL/parquet file (its held-out rows when it is the run's own dataset, else all of them), or
+   * `environment:<name>` (episodes of held-out seeds, for an environment run).
+   *
+   * @generated from field: string dataset = 1;
+   */
+  dataset: string;
+
+  /**
+   * Versions between two evaluations, at least 1.
+   *
+   * @generated from field: int32 every_versions = 2;
+   */
+  everyVersions: number;
+
+  /**
+   * Completions per problem, at least 1: pass@k is reported for k = this number.
+   *
+   * @generated from field: int32 samples_per_problem = 3;
+   */
+  samplesPerProblem: number;
+
+  /**
+   * Sampling of every completion; temperature 0 is greedy. `max_new_tokens` 0: the run's.
+   *
+   * @generated from field: pipelinerl.common.v1.SamplingParams sampling = 4;
+   */
+  sampling?: SamplingParams | undefined;
+
+  /**
+   * Problems evaluated (the first of the set); 0: every problem of a file, 256 of a built-in task
+   * or an environment.
+   *
+   * @generated from field: int32 max_problems = 5;
+   */
+  maxProblems: number;
+};
+
+/**
+ * Describes the message pipelinerl.coordinator.v1.EvaluationSpec.
+ * Use `create(EvaluationSpecSchema)` to create a new message.
+ */
+export const EvaluationSpecSchema: GenMessage<EvaluationSpec> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 1);
+
+/**
+ * What one evaluation of one set at one weight version measured.
+ *
+ * @generated from message pipelinerl.coordinator.v1.EvaluationResult
+ */
+export type EvaluationResult = Message<"pipelinerl.coordinator.v1.EvaluationResult"> & {
+  /**
+   * The set, as its `EvaluationSpec.dataset` names it.
+   *
+   * @generated from field: string dataset = 1;
+   */
+  dataset: string;
+
+  /**
+   * The weight version that generated every token of every completion.
+   *
+   * @generated from field: int64 weight_version = 2;
+   */
+  weightVersion: bigint;
+
+  /**
+   * Problems evaluated.
+   *
+   * @generated from field: int32 problems = 3;
+   */
+  problems: number;
+
+  /**
+   * Completions per problem (the k of pass_at_k).
+   *
+   * @generated from field: int32 samples_per_problem = 4;
+   */
+  samplesPerProblem: number;
+
+  /**
+   * Mean reward of the completions.
+   *
+   * @generated from field: double reward_mean = 5;
+   */
+  rewardMean: number;
+
+  /**
+   * Fraction of completions exactly correct (pass@1).
+   *
+   * @generated from field: double pass_at_1 = 6;
+   */
+  passAt1: number;
+
+  /**
+   * Unbiased pass@k over the problems (k = samples_per_problem).
+   *
+   * @generated from field: double pass_at_k = 7;
+   */
+  passAtK: number;
+
+  /**
+   * Mean completion length in tokens.
+   *
+   * @generated from field: double completion_tokens_mean = 8;
+   */
+  completionTokensMean: number;
+
+  /**
+   * Fraction of completions cut by `max_new_tokens` or the context.
+   *
+   * @generated from field: double truncated_fraction = 9;
+   */
+  truncatedFraction: number;
+
+  /**
+   * When it finished.
+   *
+   * @generated from field: google.protobuf.Timestamp finished_at = 10;
+   */
+  finishedAt?: Timestamp | undefined;
+
+  /**
+   * How long it took, from its first request to its last score.
+   *
+   * @generated from field: google.protobuf.Duration duration = 11;
+   */
+  duration?: Duration | undefined;
+
+  /**
+   * The inference server that generated it.
+   *
+   * @generated from field: string server = 12;
+   */
+  server: string;
+};
+
+/**
+ * Describes the message pipelinerl.coordinator.v1.EvaluationResult.
+ * Use `create(EvaluationResultSchema)` to create a new message.
+ */
+export const EvaluationResultSchema: GenMessage<EvaluationResult> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 2);
 
 /**
  * Weight version seen on one inference server.
@@ -140,7 +316,7 @@ export type ServerVersion = Message<"pipelinerl.coordinator.v1.ServerVersion"> &
  * Use `create(ServerVersionSchema)` to create a new message.
  */
 export const ServerVersionSchema: GenMessage<ServerVersion> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 1);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 3);
 
 /**
  * Counters and rates of a run.
@@ -255,7 +431,7 @@ export type Progress = Message<"pipelinerl.coordinator.v1.Progress"> & {
  * Use `create(ProgressSchema)` to create a new message.
  */
 export const ProgressSchema: GenMessage<Progress> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 2);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 4);
 
 /**
  * What the episodes of an environment run did. Means are over the last window of episodes.
@@ -328,7 +504,7 @@ export type EpisodeStats = Message<"pipelinerl.coordinator.v1.EpisodeStats"> & {
  * Use `create(EpisodeStatsSchema)` to create a new message.
  */
 export const EpisodeStatsSchema: GenMessage<EpisodeStats> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 3);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 5);
 
 /**
  * A run.
@@ -377,6 +553,13 @@ export type Run = Message<"pipelinerl.coordinator.v1.Run"> & {
    * @generated from field: string error = 6;
    */
   error: string;
+
+  /**
+   * Every evaluation completed so far, oldest first.
+   *
+   * @generated from field: repeated pipelinerl.coordinator.v1.EvaluationResult evaluations = 7;
+   */
+  evaluations: EvaluationResult[];
 };
 
 /**
@@ -384,7 +567,7 @@ export type Run = Message<"pipelinerl.coordinator.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 4);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 6);
 
 /**
  * Starts a run.
@@ -412,7 +595,7 @@ export type StartRunRequest = Message<"pipelinerl.coordinator.v1.StartRunRequest
  * Use `create(StartRunRequestSchema)` to create a new message.
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 5);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 7);
 
 /**
  * The started (or resumed) run.
@@ -433,7 +616,7 @@ export type StartRunResponse = Message<"pipelinerl.coordinator.v1.StartRunRespon
  * Use `create(StartRunResponseSchema)` to create a new message.
  */
 export const StartRunResponseSchema: GenMessage<StartRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 6);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 8);
 
 /**
  * Asks for a run.
@@ -454,7 +637,7 @@ export type GetRunRequest = Message<"pipelinerl.coordinator.v1.GetRunRequest"> &
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 7);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 9);
 
 /**
  * The run.
@@ -475,7 +658,7 @@ export type GetRunResponse = Message<"pipelinerl.coordinator.v1.GetRunResponse">
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 8);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 10);
 
 /**
  * Stops a run.
@@ -496,7 +679,7 @@ export type StopRunRequest = Message<"pipelinerl.coordinator.v1.StopRunRequest">
  * Use `create(StopRunRequestSchema)` to create a new message.
  */
 export const StopRunRequestSchema: GenMessage<StopRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 9);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 11);
 
 /**
  * The stopping run.
@@ -517,7 +700,7 @@ export type StopRunResponse = Message<"pipelinerl.coordinator.v1.StopRunResponse
  * Use `create(StopRunResponseSchema)` to create a new message.
  */
 export const StopRunResponseSchema: GenMessage<StopRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 10);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 12);
 
 /**
  * Watches a run.
@@ -538,7 +721,7 @@ export type WatchRunRequest = Message<"pipelinerl.coordinator.v1.WatchRunRequest
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 11);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 13);
 
 /**
  * A progress update.
@@ -559,7 +742,7 @@ export type WatchRunResponse = Message<"pipelinerl.coordinator.v1.WatchRunRespon
  * Use `create(WatchRunResponseSchema)` to create a new message.
  */
 export const WatchRunResponseSchema: GenMessage<WatchRunResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 12);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 14);
 
 /**
  * Joins (or renews, or leaves) the pool of inference servers.
@@ -589,7 +772,7 @@ export type RegisterInferenceServerRequest = Message<"pipelinerl.coordinator.v1.
  * Use `create(RegisterInferenceServerRequestSchema)` to create a new message.
  */
 export const RegisterInferenceServerRequestSchema: GenMessage<RegisterInferenceServerRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 13);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 15);
 
 /**
  * The lease granted.
@@ -610,7 +793,7 @@ export type RegisterInferenceServerResponse = Message<"pipelinerl.coordinator.v1
  * Use `create(RegisterInferenceServerResponseSchema)` to create a new message.
  */
 export const RegisterInferenceServerResponseSchema: GenMessage<RegisterInferenceServerResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 14);
+  messageDesc(file_pipelinerl_coordinator_v1_coordinator, 16);
 
 /**
  * How the run overlaps generation and training.
