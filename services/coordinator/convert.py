@@ -6,12 +6,14 @@ import dataclasses
 import re
 from datetime import UTC
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.coordinator.types import (
     EpisodeStats,
+    EvaluationResult,
+    EvaluationSpec,
     Mode,
     Progress,
     RunInfo,
@@ -56,6 +58,48 @@ def spec_to_proto(spec: RunSpec) -> pb.RunSpec:
         seed=spec.seed,
         environment=spec.environment,
         max_turns=spec.max_turns,
+        evaluations=[_evaluation_to_proto(e) for e in spec.evaluations],
+        epochs=spec.epochs,
+        eval_split=spec.eval_split,
+    )
+
+
+def _evaluation_to_proto(spec: EvaluationSpec) -> pb.EvaluationSpec:
+    return pb.EvaluationSpec(
+        dataset=spec.dataset,
+        every_versions=spec.every_versions,
+        samples_per_problem=spec.samples_per_problem,
+        sampling=convert.sampling_to_proto(spec.sampling),
+        max_problems=spec.max_problems,
+    )
+
+
+def _evaluation_from_proto(
+    msg: pb.EvaluationSpec, field: str, run_sampling: pb.SamplingParams
+) -> EvaluationSpec:
+    checks = [
+        (bool(msg.dataset), "dataset", "must name a set"),
+        (msg.every_versions >= 1, "every_versions", "must be at least 1"),
+        (msg.samples_per_problem >= 1, "samples_per_problem", "must be at least 1"),
+        (
+            msg.samples_per_problem <= MAX_GROUP_SIZE,
+            "samples_per_problem",
+            f"must be at most {MAX_GROUP_SIZE}",
+        ),
+        (msg.max_problems >= 0, "max_problems", "must be >= 0"),
+    ]
+    for ok, name, why in checks:
+        if not ok:
+            raise InvalidArgument.field(f"{field}.{name}", why)
+    sampling = pb.SamplingParams()
+    sampling.CopyFrom(msg.sampling)
+    sampling.max_new_tokens = sampling.max_new_tokens or run_sampling.max_new_tokens
+    return EvaluationSpec(
+        dataset=msg.dataset,
+        every_versions=msg.every_versions,
+        samples_per_problem=msg.samples_per_problem,
+        sampling=convert.sampling_from_proto(sampling, f"{field}.sampling"),
+        max_problems=msg.max_problems,
     )
 
 
@@ -69,6 +113,8 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
         (msg.max_samples >= 0, "max_samples", "must be >= 0"),
         (msg.mode in _MODE_NAMES, "mode", "must be MODE_PIPELINE or MODE_SYNC"),
         (msg.max_in_flight >= msg.group_size, "max_in_flight", "must be at least group_size"),
+        (msg.epochs >= 0, "epochs", "must be >= 0"),
+        (0.0 <= msg.eval_split <= 0.5, "eval_split", "must be in [0, 0.5]"),
     ]
     for ok, name, why in checks:
         if not ok:
@@ -83,6 +129,12 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
         seed=msg.seed,
         environment=msg.environment,
         max_turns=msg.max_turns,
+        evaluations=tuple(
+            _evaluation_from_proto(e, f"{field}.evaluations[{i}]", msg.sampling)
+            for i, e in enumerate(msg.evaluations)
+        ),
+        epochs=max(msg.epochs, 1),
+        eval_split=msg.eval_split,
     )
 
 
@@ -140,6 +192,26 @@ def run_to_proto(run: RunInfo) -> pb.Run:
         progress=progress_to_proto(run.progress),
         started_at=started,
         error=run.error,
+        evaluations=[evaluation_result_to_proto(e) for e in run.evaluations],
+    )
+
+
+def evaluation_result_to_proto(r: EvaluationResult) -> pb.EvaluationResult:
+    finished = timestamp_pb2.Timestamp()
+    finished.FromDatetime(r.finished_at)
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(round(r.duration_s * 1e9))
+    fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    del fields["finished_at"], fields["duration_s"]
+    return pb.EvaluationResult(**fields, finished_at=finished, duration=duration)
+
+
+def evaluation_result_from_proto(msg: pb.EvaluationResult) -> EvaluationResult:
+    plain = {f.name for f in dataclasses.fields(EvaluationResult)} - {"finished_at", "duration_s"}
+    return EvaluationResult(
+        **{name: getattr(msg, name) for name in plain},
+        finished_at=msg.finished_at.ToDatetime(tzinfo=UTC),
+        duration_s=msg.duration.ToNanoseconds() / 1e9,
     )
 
 
@@ -151,4 +223,5 @@ def run_from_proto(msg: pb.Run) -> RunInfo:
         progress=progress_from_proto(msg.progress),
         started_at=msg.started_at.ToDatetime(tzinfo=UTC),
         error=msg.error,
+        evaluations=tuple(evaluation_result_from_proto(e) for e in msg.evaluations),
     )

@@ -52,6 +52,48 @@ class RunSpec:
     single-turn prompts from `dataset`."""
     max_turns: int = 0
     """Most model turns per episode; 0: the environment's limit."""
+    evaluations: tuple[EvaluationSpec, ...] = ()
+    """Held-out sets evaluated while the run trains (evaluation.py)."""
+    epochs: int = 1
+    """Passes over a file dataset, each in an order of its own; built-in tasks are endless."""
+    eval_split: float = 0.0
+    """Fraction of a file dataset's rows held out from training, chosen by `seed`."""
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """One held-out set of a run (`pipelinerl.coordinator.v1.EvaluationSpec`)."""
+
+    dataset: str
+    """`builtin:<task>[:<size>]` (its held-out problems), a JSONL/parquet file, or
+    `environment:<name>`."""
+    every_versions: int = 16
+    """Evaluated at the run's first version, every this many versions, and at its last."""
+    samples_per_problem: int = 1
+    """Completions per problem: the k of pass@k."""
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    """Temperature 0 is greedy; `max_new_tokens` 0 takes the run's."""
+    max_problems: int = 0
+    """The first this many problems of the set; 0: all of a file, 256 of an endless set."""
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """What one evaluation of one set at one weight version measured."""
+
+    dataset: str
+    weight_version: int
+    """The version that generated every token of every completion."""
+    problems: int
+    samples_per_problem: int
+    reward_mean: float
+    pass_at_1: float
+    pass_at_k: float
+    completion_tokens_mean: float
+    truncated_fraction: float
+    finished_at: datetime
+    duration_s: float
+    server: str
 
 
 @dataclass(frozen=True)
@@ -104,6 +146,8 @@ class RunInfo:
     progress: Progress
     started_at: datetime
     error: str = ""
+    evaluations: tuple[EvaluationResult, ...] = ()
+    """Every evaluation completed so far, oldest first."""
 
 
 class CoordinatorCore(Protocol):
