@@ -10,6 +10,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from pipelinerl.common import convert
 from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.v1 import common_pb2 as common_pb
 from pipelinerl.coordinator.types import (
     EpisodeStats,
     EvaluationResult,
@@ -75,7 +76,7 @@ def _evaluation_to_proto(spec: EvaluationSpec) -> pb.EvaluationSpec:
 
 
 def _evaluation_from_proto(
-    msg: pb.EvaluationSpec, field: str, run_sampling: pb.SamplingParams
+    msg: pb.EvaluationSpec, field: str, run_sampling: common_pb.SamplingParams
 ) -> EvaluationSpec:
     checks = [
         (bool(msg.dataset), "dataset", "must name a set"),
@@ -91,7 +92,7 @@ def _evaluation_from_proto(
     for ok, name, why in checks:
         if not ok:
             raise InvalidArgument.field(f"{field}.{name}", why)
-    sampling = pb.SamplingParams()
+    sampling = common_pb.SamplingParams()
     sampling.CopyFrom(msg.sampling)
     sampling.max_new_tokens = sampling.max_new_tokens or run_sampling.max_new_tokens
     return EvaluationSpec(
