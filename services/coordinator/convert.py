@@ -116,6 +116,11 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
         (msg.max_in_flight >= msg.group_size, "max_in_flight", "must be at least group_size"),
         (msg.epochs >= 0, "epochs", "must be >= 0"),
         (0.0 <= msg.eval_split <= 0.5, "eval_split", "must be in [0, 0.5]"),
+        (
+            len({e.dataset for e in msg.evaluations}) == len(msg.evaluations),
+            "evaluations",
+            "must name each set once",
+        ),
     ]
     for ok, name, why in checks:
         if not ok:

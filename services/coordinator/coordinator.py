@@ -14,20 +14,24 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import SamplingParams
-from pipelinerl.coordinator.datasets import open_problems
+from pipelinerl.coordinator.datasets import evaluation_problems, open_problems
 from pipelinerl.coordinator.episode import EpisodeDriver
+from pipelinerl.coordinator.eval_schedule import EvaluationSchedule
+from pipelinerl.coordinator.evaluation import Evaluator
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.pool import InferencePool, ServerLimits
 from pipelinerl.coordinator.replicas import ReplicaPool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
-from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
+from pipelinerl.coordinator.tasks import Problem
+from pipelinerl.coordinator.types import EvaluationSpec, Mode, RunInfo, RunSpec, RunState
 from pipelinerl.environment.client import EnvironmentClient
 
 log = get_logger(__name__)
@@ -47,11 +51,23 @@ def spec_to_json(spec: RunSpec) -> dict[str, object]:
 
 def spec_from_json(data: Mapping[str, Any]) -> RunSpec:
     """The inverse of `spec_to_json`, from its decoded JSON."""
-    sampling = dict(data["sampling"])
-    sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
-    sampling["stop"] = tuple(sampling["stop"])
-    fields = {**data, "sampling": SamplingParams(**sampling), "mode": Mode(data["mode"])}
+    evaluations = tuple(
+        EvaluationSpec(**{**e, "sampling": _sampling_from_json(e["sampling"])})
+        for e in data.get("evaluations", ())
+    )
+    fields = {
+        **data,
+        "sampling": _sampling_from_json(data["sampling"]),
+        "mode": Mode(data["mode"]),
+        "evaluations": evaluations,
+    }
     return RunSpec(**fields)
+
+
+def _sampling_from_json(data: Mapping[str, Any]) -> SamplingParams:
+    return SamplingParams(
+        **{**data, "stop_token_ids": tuple(data["stop_token_ids"]), "stop": tuple(data["stop"])}
+    )
 
 
 @dataclasses.dataclass
@@ -115,18 +131,44 @@ class Coordinator:
             spec = spec_from_json(record.spec)  # a resumed run keeps the spec it started with
         completed = record is not None and record.state == RunState.COMPLETED.value
         start = record.next_prompt if record else 0
-        problems = iter(()) if completed else open_problems(spec.dataset, spec.seed, start, self._tokenizer)
+        problems = (
+            iter(())
+            if completed
+            else open_problems(
+                spec.dataset,
+                spec.seed,
+                start,
+                self._tokenizer,
+                epochs=spec.epochs,
+                eval_split=spec.eval_split,
+            )
+        )
         episodes = None
+        evaluations = None
         if not completed:
             limits = await self._check_servable(spec)
             if spec.environment:
                 episodes = await self._episode_driver(spec, limits)
+            evaluations = self._evaluation_sets(spec, limits)
         if record is None:
             record = self._journal.create_run(run_id, spec_to_json(spec))
         elif not completed:
             self._journal.set_run_state(run_id, RunState.RUNNING.value)
+        schedule = None
+        if evaluations:
+            evaluator = Evaluator(self._pool, self._reward, episodes)
+            version = partial(getattr, self._submitter, "latest_version")
+            schedule = EvaluationSchedule(run_id, evaluations, evaluator, self._journal, version)
         loop = RunLoop(
-            run_id, spec, self._journal, self._pool, self._reward, self._submitter, problems, episodes
+            run_id,
+            spec,
+            self._journal,
+            self._pool,
+            self._reward,
+            self._submitter,
+            problems,
+            episodes,
+            schedule,
         )
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
         self._runs[run_id] = run
@@ -164,6 +206,35 @@ class Coordinator:
             )
         renderer = ChatRenderer(load_tokenizer(self._tokenizer))
         return EpisodeDriver(spec, self._pool, environments, renderer, max_context=limits.max_context)
+
+    def _evaluation_sets(
+        self, spec: RunSpec, limits: ServerLimits
+    ) -> list[tuple[EvaluationSpec, list[Problem]]]:
+        """Each evaluation set of `spec` with its problems; InvalidArgument for a set that cannot be
+        read or that training draws from."""
+        sets = []
+        for index, evaluation in enumerate(spec.evaluations):
+            name, field = evaluation.dataset, f"spec.evaluations[{index}]"
+            if name.startswith("environment:") and name != f"environment:{spec.environment}":
+                raise InvalidArgument.field(
+                    f"{field}.dataset",
+                    f"{name!r} is not this run's environment ({spec.environment or 'none'})",
+                )
+            if (tokens := evaluation.sampling.max_new_tokens) > limits.max_new_tokens:
+                raise InvalidArgument.field(
+                    f"{field}.sampling.max_new_tokens",
+                    f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
+                )
+            problems = evaluation_problems(
+                evaluation.dataset,
+                run_dataset=spec.dataset,
+                seed=spec.seed,
+                eval_split=spec.eval_split,
+                tokenizer=self._tokenizer,
+                limit=evaluation.max_problems,
+            )
+            sets.append((evaluation, problems))
+        return sets
 
     async def _check_servable(self, spec: RunSpec) -> ServerLimits:
         """InvalidArgument naming the field if the inference servers would refuse every attempt."""
@@ -222,7 +293,15 @@ class Coordinator:
         return run
 
     def _info(self, run: _Run) -> RunInfo:
-        return RunInfo(run.run_id, run.spec, run.state, run.loop.progress(), run.started_at, run.error)
+        return RunInfo(
+            run.run_id,
+            run.spec,
+            run.state,
+            run.loop.progress(),
+            run.started_at,
+            run.error,
+            run.loop.evaluations or tuple(self._journal.evaluations(run.run_id)),
+        )
 
     async def _drive(self, run: _Run) -> None:
         bind_context(run=run.run_id)

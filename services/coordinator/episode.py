@@ -41,7 +41,7 @@ from typing import TypeVar
 
 from pipelinerl.common.errors import FailedPrecondition, PipelineError
 from pipelinerl.common.log import get_logger
-from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
+from pipelinerl.common.types import FinishReason, SamplingParams, Segment, SegmentKind, TokenSequence
 from pipelinerl.coordinator.chat_render import ChatRenderer
 from pipelinerl.coordinator.episode_tokens import EpisodeTokens, SegmentedTokens
 from pipelinerl.coordinator.pool import InferencePool
@@ -49,7 +49,7 @@ from pipelinerl.coordinator.replicas import RETRIED, Replica, ReplicaPool
 from pipelinerl.coordinator.types import RunSpec
 from pipelinerl.environment.client import EnvironmentClient
 from pipelinerl.environment.episodes import EpisodeLimits
-from pipelinerl.environment.types import Message, Role, Tool
+from pipelinerl.environment.types import EpisodeOpening, Message, Role
 from pipelinerl.inference.types import GenerationRequest
 
 log = get_logger(__name__)
@@ -72,6 +72,15 @@ FULL_RETRY_S = 0.5
 it holds `max_episodes`); not counted among the episode's failed plays."""
 CORRECT = "correct"
 """The reward component that, at 1 or more, counts an episode correct."""
+
+
+@dataclass(frozen=True)
+class _Turns:
+    """How an episode's turns are generated: where first, at which version, how sampled."""
+
+    prefer: str
+    weight_version: int | None
+    sampling: SamplingParams
 
 
 @dataclass(frozen=True)
@@ -131,14 +140,25 @@ class EpisodeDriver:
         self.errors = 0
         """Environment calls that failed, in all."""
 
-    async def play(self, episode_id: str, seed: int) -> EpisodeResult:
+    async def play(
+        self,
+        episode_id: str,
+        seed: int,
+        *,
+        prefer: str = "",
+        weight_version: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> EpisodeResult:
         """Play episode `episode_id` with `seed` to its end; FailedPrecondition after MAX_TRIES
-        plays failed by the environment, another PipelineError when generation fails."""
+        plays failed by the environment, another PipelineError when generation fails. An
+        evaluation's episode starts on server `prefer`, every turn at `weight_version`, with its
+        own `sampling` (the run's when None)."""
+        turns = _Turns(prefer, weight_version, sampling or self._spec.sampling)
         failures = 0
         while True:
             async with self._environments.reserve() as replica:
                 try:
-                    result = await self._play_once(replica, f"{episode_id}.{failures}", seed)
+                    result = await self._play_once(replica, f"{episode_id}.{failures}", seed, turns)
                     self._environments.succeeded(replica)
                     return result
                 except _EnvironmentFailed as failed:
@@ -163,12 +183,12 @@ class EpisodeDriver:
                 )
 
     async def _play_once(
-        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int
+        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int, turns: _Turns
     ) -> EpisodeResult:
         env = replica.client
         opening = await _call(partial(env.start, episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S), "start")
         try:
-            return await self._turns(env, episode_id, opening.messages, opening.tools, opening.max_turns)
+            return await self._turns(env, episode_id, opening, turns)
         finally:
             try:
                 await env.end(episode_id, timeout_s=END_TIMEOUT_S)
@@ -179,24 +199,25 @@ class EpisodeDriver:
         self,
         env: EnvironmentClient,
         episode_id: str,
-        opening: Sequence[Message],
-        tools: Sequence[Tool],
-        env_max_turns: int,
+        opening: EpisodeOpening,
+        turns: _Turns,
     ) -> EpisodeResult:
-        _check_reply(opening)
-        max_turns = min((t for t in (self._spec.max_turns, env_max_turns) if t > 0), default=0)
-        tokens = EpisodeTokens(self._renderer, opening, tools, max_context=self._max_context)
-        server, reward, correct, truncated = "", 0.0, False, False
+        _check_reply(opening.messages)
+        max_turns = min((t for t in (self._spec.max_turns, opening.max_turns) if t > 0), default=0)
+        tokens = EpisodeTokens(self._renderer, opening.messages, opening.tools, max_context=self._max_context)
+        server, reward, correct, truncated = turns.prefer, 0.0, False, False
         tool_calls, prefill, step_seconds = 0, 0, []
         while True:
-            budget = tokens.max_new_tokens(self._spec.sampling.max_new_tokens)
+            budget = tokens.max_new_tokens(turns.sampling.max_new_tokens)
             if budget == 0:
                 truncated = True  # the context is full
                 break
             prompt = tokens.token_ids
             prefill += len(prompt)
-            sampling = dataclasses.replace(self._spec.sampling, max_new_tokens=budget)
-            request = GenerationRequest(f"{episode_id}-t{tokens.turns + 1}", prompt, sampling)
+            sampling = dataclasses.replace(turns.sampling, max_new_tokens=budget)
+            request = GenerationRequest(
+                f"{episode_id}-t{tokens.turns + 1}", prompt, sampling, weight_version=turns.weight_version
+            )
             server, completion = await self._pool.generate(request, prefer=server)
             turn = tokens.add_turn(completion.tokens, completion.finish_reason)
             tool_calls += len(turn.message.tool_calls)

@@ -13,14 +13,17 @@ resubmitted (the trainer acks an id it has already trained on as DUPLICATE).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
+from pipelinerl.coordinator.types import EvaluationResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -55,6 +58,13 @@ CREATE TABLE IF NOT EXISTS attempts (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS attempts_by_group ON attempts(group_id);
+CREATE TABLE IF NOT EXISTS evaluations (
+    run_id TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    weight_version INTEGER NOT NULL,
+    result TEXT NOT NULL,
+    PRIMARY KEY (run_id, dataset, weight_version)
+);
 """
 
 
@@ -112,6 +122,27 @@ class Journal:
 
     def close(self) -> None:
         self._db.close()
+
+    # ---- evaluations: one row each, written whole once it is complete ----------------------------
+
+    def add_evaluation(self, run_id: str, result: EvaluationResult) -> None:
+        data = {**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()}
+        self._db.execute(
+            "INSERT OR REPLACE INTO evaluations (run_id, dataset, weight_version, result) "
+            "VALUES (?, ?, ?, ?)",
+            (run_id, result.dataset, result.weight_version, json.dumps(data)),
+        )
+
+    def evaluations(self, run_id: str) -> list[EvaluationResult]:
+        """The run's evaluations, oldest first."""
+        rows = self._db.execute("SELECT result FROM evaluations WHERE run_id = ? ORDER BY rowid", (run_id,))
+        results = []
+        for (text,) in rows:
+            data = json.loads(text)
+            results.append(
+                EvaluationResult(**{**data, "finished_at": datetime.fromisoformat(data["finished_at"])})
+            )
+        return results
 
     # ---- runs ---------------------------------------------------------------------------------
 

@@ -40,12 +40,20 @@ from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.types import FinishReason, Sample
 from pipelinerl.coordinator.datasets import ENVIRONMENT
 from pipelinerl.coordinator.episode import EpisodeDriver, EpisodeResult
+from pipelinerl.coordinator.eval_schedule import EvaluationSchedule
 from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.tasks import Problem
-from pipelinerl.coordinator.types import EpisodeStats, Mode, Progress, RunSpec, ServerVersion
+from pipelinerl.coordinator.types import (
+    EpisodeStats,
+    EvaluationResult,
+    Mode,
+    Progress,
+    RunSpec,
+    ServerVersion,
+)
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.reward.types import ScoreItem
 from pipelinerl.trainer.advantages import all_equal
@@ -99,6 +107,7 @@ class RunLoop:
         submitter: TrainerSubmitter,
         problems: Iterator[tuple[int, Problem]],
         episodes: EpisodeDriver | None = None,
+        evaluations: EvaluationSchedule | None = None,
     ) -> None:
         self.run_id = run_id
         self.spec = spec
@@ -108,6 +117,7 @@ class RunLoop:
         self._submitter = submitter
         self._problems = problems
         self._episodes = episodes
+        self._evaluations = evaluations
         self._episode_stats = _EpisodeCounters()
         self._forks: dict[str, list[AttemptRecord]] = {}
         """The attempts each episode's forks added, until its group journals them."""
@@ -160,7 +170,8 @@ class RunLoop:
     # ---- driving ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Resume unfinished groups, then dispatch until max_samples, the dataset's end or a stop."""
+        """Resume unfinished groups, then dispatch until max_samples, the dataset's end or a stop;
+        evaluate the held-out sets when due meanwhile, and at the last version once trained."""
         resumed = list(self._journal.unfinished_groups(self.run_id))
         if resumed:
             log.info("resuming groups from the journal", groups=len(resumed))
@@ -172,6 +183,22 @@ class RunLoop:
         if self.spec.mode is Mode.SYNC:
             await asyncio.gather(*tasks)
             tasks = set()
+        evaluating = asyncio.create_task(self._evaluations.follow()) if self._evaluations else None
+        try:
+            await self._dispatch(tasks)
+        finally:
+            if evaluating is not None:
+                evaluating.cancel()
+                await asyncio.gather(evaluating, return_exceptions=True)
+        if self._evaluations is not None:  # a stopped run's last version too: it may be the last
+            await self._evaluations.finish()
+
+    @property
+    def evaluations(self) -> tuple[EvaluationResult, ...]:
+        return tuple(self._evaluations.results) if self._evaluations else ()
+
+    async def _dispatch(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Start groups until max_samples, the dataset's end or a stop, then see them through."""
         group_size = self.spec.group_size
         while not self._done_dispatching():
             if self.spec.mode is Mode.SYNC:

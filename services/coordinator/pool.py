@@ -149,6 +149,11 @@ class InferencePool:
         """(address, weight version, requests in flight) of every server."""
         return [(s.address, s.version, s.in_flight) for s in self._servers.values()]
 
+    async def versions(self) -> dict[str, int]:
+        """The weight version of every connected server, asked of each now."""
+        await self._refresh_servers()
+        return {s.address: s.version for s in self._servers.values() if self._pinned(s.address)}
+
     def _spare_fraction(self, server: _Server) -> float:
         """Free share of `server`'s window; -1 when it may take nothing."""
         free = self._free(server)

@@ -127,6 +127,23 @@ class RunSettings(LayeredSettings):
     itself with."""
     max_turns: int = Field(default=0, ge=0)
     """Most model turns per episode; 0: the environment's own limit."""
+    eval: list[str] = Field(default_factory=list)
+    """Held-out sets evaluated while the run trains (the flag repeated for several):
+    `builtin:<task>[:<size>]` (the task's held-out problems, never trained on), a JSONL/parquet file
+    (the run's own file: its `eval_split` rows), or `environment` (held-out episodes of the run's
+    environment). docs/evaluation.md."""
+    eval_every: int = Field(default=16, ge=1)
+    """Versions between two evaluations of a set (besides the first version and the last)."""
+    eval_k: int = Field(default=1, ge=1)
+    """Completions per evaluation problem: pass@k is reported for this k."""
+    eval_temperature: float = Field(default=0.0, ge=0)
+    """Sampling temperature of evaluations; 0 is greedy."""
+    eval_limit: int = Field(default=0, ge=0)
+    """Problems per evaluation; 0: every row of a file, 256 of a built-in task or environment."""
+    eval_split: float = Field(default=0.0, ge=0, le=0.5)
+    """Fraction of a file dataset's rows held out from training (chosen by `seed`) to evaluate."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over a file dataset, each in an order of its own (built-in tasks are endless)."""
     inference_servers: int = Field(default=1, ge=1)
     """Inference server processes."""
     reward_servers: int = Field(default=1, ge=1)

@@ -1,6 +1,7 @@
-"""What a run leaves behind: `metrics.jsonl` (one line per progress update) and `plot.png`
-(reward, exact correctness and lag; zero-variance groups and entropy, to show a collapse; over time
-and over trained samples); and the plot of several runs' rewards side by side (`plot_runs`)."""
+"""What a run leaves behind: `metrics.jsonl` (one line per progress update, and one per held-out
+evaluation, `{"evaluation": {...}}`) and `plot.png` (reward, exact correctness, held-out pass@1 and
+lag; zero-variance groups and entropy, to show a collapse; over time, trained samples and weight
+versions); and the plot of several runs' rewards side by side (`plot_runs`)."""
 
 from __future__ import annotations
 
@@ -50,15 +51,32 @@ class Point:
         )
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """A held-out evaluation as `metrics.jsonl` holds it: its result, and where the run was."""
+
+    elapsed_s: float
+    trained: int
+    evaluation: dict[str, Any]
+    """`EvaluationResult`'s fields; `finished_at` as ISO 8601."""
+
+
 class MetricsLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.points: list[Point] = []
+        self.evaluations: list[Evaluated] = []
 
-    def add(self, point: Point) -> None:
+    def add(self, point: Point, run: RunInfo | None = None) -> None:
+        """`point`, and the evaluations of `run` not written yet."""
         self.points.append(point)
+        lines = [point.__dict__]
+        for result in run.evaluations[len(self.evaluations) :] if run else ():
+            data = {**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()}
+            self.evaluations.append(Evaluated(point.elapsed_s, point.trained, data))
+            lines.append(dataclasses.asdict(self.evaluations[-1]))
         with self.path.open("a") as f:
-            f.write(json.dumps(point.__dict__) + "\n")
+            f.writelines(json.dumps(line) + "\n" for line in lines)
 
     def time_to_reward(self, target: float) -> float | None:
         """Seconds until the mean reward first reached `target` (None if it never did)."""
@@ -66,9 +84,15 @@ class MetricsLog:
 
 
 def read_points(path: Path) -> list[Point]:
-    """The points of a run's `metrics.jsonl`."""
-    points = [json.loads(line) for line in path.read_text().splitlines()]
+    """The progress points of a run's `metrics.jsonl`."""
+    points = [p for line in path.read_text().splitlines() if "evaluation" not in (p := json.loads(line))]
     return [Point(**(p | {"server_versions": tuple(p["server_versions"])})) for p in points]
+
+
+def read_evaluations(path: Path) -> list[Evaluated]:
+    """The held-out evaluations of a run's `metrics.jsonl`."""
+    lines = (json.loads(line) for line in path.read_text().splitlines())
+    return [Evaluated(**line) for line in lines if "evaluation" in line]
 
 
 def _pyplot() -> Any:
@@ -101,11 +125,18 @@ def plot_runs(runs: dict[str, list[Point]], path: Path, title: str) -> Path:
     return path
 
 
-def plot(points: list[Point], path: Path, title: str) -> Path:
+def plot(points: list[Point], path: Path, title: str, evaluations: Sequence[Evaluated] = ()) -> Path:
+    """The run's curves against seconds, trained samples and the trainer's version; each held-out
+    set's pass@1 beside the training reward, at the weight version that generated it."""
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
-    for column, x, label in ((0, [p.elapsed_s for p in points], "seconds"),
-                             (1, [p.trained for p in points], "trained samples")):  # fmt: skip
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8), sharex="col")
+    columns = (
+        ("seconds", [p.elapsed_s for p in points], [e.elapsed_s for e in evaluations]),
+        ("trained samples", [p.trained for p in points], [e.trained for e in evaluations]),
+        ("weight version", [p.trainer_version for p in points],
+         [e.evaluation["weight_version"] for e in evaluations]),
+    )  # fmt: skip
+    for column, (label, x, at) in enumerate(columns):
         _panel(
             axes[0][column],
             x,
@@ -116,6 +147,11 @@ def plot(points: list[Point], path: Path, title: str) -> Path:
             ("lag (versions)", [p.lag for p in points], {"color": "tab:red", "alpha": 0.6}),
             "lower right",
         )
+        for name in dict.fromkeys(e.evaluation["dataset"] for e in evaluations):
+            held = [(x, e.evaluation["pass_at_1"]) for x, e in zip(at, evaluations, strict=True)
+                    if e.evaluation["dataset"] == name]  # fmt: skip
+            axes[0][column].plot(*zip(*held, strict=True), "o-", label=f"held-out pass@1 {name}")
+        axes[0][column].legend(loc="upper left")
         # A collapse shows here: most groups teach nothing while the entropy falls to ~0.
         _panel(axes[1][column], x,
                [("zero-variance groups", [p.zero_variance for p in points], {"color": "tab:purple"})],

@@ -32,7 +32,8 @@ from pipelinerl.common.errors import DeadlineExceeded, InvalidArgument, Unavaila
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
-from pipelinerl.coordinator.types import Mode, RunInfo, RunSpec, RunState
+from pipelinerl.coordinator.tasks import max_new_tokens
+from pipelinerl.coordinator.types import EvaluationSpec, Mode, RunInfo, RunSpec, RunState
 from pipelinerl.launcher.checks import check_run
 from pipelinerl.launcher.config import RunSettings, overrides
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all, write_targets
@@ -304,7 +305,20 @@ def _spec(settings: RunSettings) -> RunSpec:
         mode=Mode(settings.mode),
         max_in_flight=_in_flight(settings),
         seed=settings.seed,
+        evaluations=tuple(_evaluation(settings, name) for name in settings.eval),
+        epochs=settings.epochs,
+        eval_split=settings.eval_split,
     )
+
+
+def _evaluation(settings: RunSettings, name: str) -> EvaluationSpec:
+    """The evaluation of set `name` as the flags describe it; a built-in task's completions get the
+    tokens its longest answer needs, other sets the run's."""
+    if name == "environment":
+        name = f"environment:{_environment_name(settings)}"
+    tokens = max_new_tokens(name) if name.startswith("builtin:") else settings.completion_tokens
+    sampling = SamplingParams(max_new_tokens=tokens, temperature=settings.eval_temperature)
+    return EvaluationSpec(name, settings.eval_every, settings.eval_k, sampling, settings.eval_limit)
 
 
 def _environment_name(settings: RunSettings) -> str:
@@ -350,9 +364,11 @@ async def _drive(
                 log.warning("coordinator unreachable; resuming the run when it answers", error=str(exc))
                 run = await _resume(settings, client)
         elapsed = time.monotonic() - started
+        if len(run.evaluations) > len(metrics.evaluations):  # the last version's, as the run ended
+            metrics.add(Point.of(run, elapsed, restarts), run)
     last = metrics.points[-1] if metrics.points else Point.of(run, elapsed, restarts)
     title = f"{settings.environment or settings.dataset} — {settings.mode} mode, {settings.model}"
-    plot_path = plot(metrics.points, settings.run_dir / "plot.png", title)
+    plot_path = plot(metrics.points, settings.run_dir / "plot.png", title, metrics.evaluations)
     target = settings.target_reward if settings.target_reward is not None else 0.8
     return RunResult(
         mode=settings.mode,
@@ -381,7 +397,7 @@ async def _follow(
     """The run's last state on its watch stream, stopping it once its budget or target is reached."""
     async for run in client.watch_run(settings.run_id):
         elapsed = time.monotonic() - started
-        metrics.add(Point.of(run, elapsed, restarts))
+        metrics.add(Point.of(run, elapsed, restarts), run)
         if on_progress is not None:
             on_progress(run, elapsed)
         over = elapsed >= settings.duration_s
