@@ -26,10 +26,20 @@ tiny model learns to match the length of a run it can attend to sooner than to r
 reaches a mean reward of 0.7 after about 5 minutes on two cores (docs/benchmarks.md). A run on it
 needs `max_new_tokens` of at least size + 1; `max_new_tokens()` below gives it and
 `pipelinerl run` uses it by default.
+
+Held-out problems: a prompt whose sha256 falls in the first eighth of the hash space is held out
+(`held_out`); training never draws it, and an evaluation set `builtin:<task>[:<size>]` is made of
+such prompts only. The partition is of the prompt text, so it is the same for every seed, task and
+size (`copy`, `reverse` and `sort` share their prompts and hold out the same ones). An eighth, not
+less, because the smallest default space is small: of the 100 prompts of `copy:2`, 11 are held out
+(a sixteenth would hold out 4, too few to measure anything); of the 1,280 of `repeat:128`, 147.
+Elsewhere: 2 of the 10 of `copy:1`, 148 of the 1,000 of `copy:3`, 16 of the 80 of `repeat:8`, 650
+of the 5,120 of `repeat:512`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -88,19 +98,17 @@ TASKS: dict[str, Task] = {
 }
 
 
-def parse_builtin(dataset: str) -> tuple[str, int]:
-    """`builtin:<task>[:<size>]` -> (task, size); InvalidArgument naming what is wrong."""
+def parse_builtin(dataset: str, field: str = "spec.dataset") -> tuple[str, int]:
+    """`builtin:<task>[:<size>]` -> (task, size); InvalidArgument on `field` naming what is wrong."""
     parts = dataset.split(":")
     if parts[0] != "builtin" or len(parts) not in (2, 3) or parts[1] not in TASKS:
-        raise InvalidArgument.field(
-            "spec.dataset", f"expected builtin:<{'|'.join(TASKS)}>[:<size>], got {dataset!r}"
-        )
+        raise InvalidArgument.field(field, f"expected builtin:<{'|'.join(TASKS)}>[:<size>], got {dataset!r}")
     task = TASKS[parts[1]]
     if len(parts) == 2:
         return parts[1], task.default_size
     if not (parts[2].isdecimal() and int(parts[2]) in task.sizes):
         raise InvalidArgument.field(
-            "spec.dataset",
+            field,
             f"{task.size_means} of builtin:{parts[1]} must be {task.sizes.start} to "
             f"{task.sizes.stop - 1}, got {parts[2]!r}",
         )
@@ -113,10 +121,47 @@ def max_new_tokens(dataset: str) -> int:
     return parse_builtin(dataset)[1] + 1
 
 
+_HELD_OUT_ONE_IN = 8
+"""One prompt in this many is held out (the module's docstring says why an eighth)."""
+
+
+def held_out(text: str) -> bool:
+    """Whether a prompt (or an episode seed written in decimal) is held out from training: its
+    sha256 falls in the first 1/_HELD_OUT_ONE_IN of the hash space, the same for every run."""
+    digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    return digest < 2**64 // _HELD_OUT_ONE_IN
+
+
 def builtin_problems(task: str, size: int, seed: int) -> Iterator[Problem]:
-    """An endless, reproducible stream of problems."""
+    """An endless, reproducible stream of problems, none of them held out."""
     rng = random.Random(seed)
     draw, verifier = TASKS[task].draw, TASKS[task].verifier
     while True:
         prompt, answer = draw(rng, size)
-        yield Problem(prompt=prompt, answer=answer, verifier=verifier)
+        if not held_out(prompt):
+            yield Problem(prompt=prompt, answer=answer, verifier=verifier)
+
+
+_HELD_OUT_DRAWS = 100_000
+"""Draws searched for a task's held-out problems, about 0.2 s of them: every held-out prompt of
+`copy:2` and `repeat:128` turns up within 50,000, 630 of the 650 of `repeat:512` within 100,000,
+and a search stops once it has found its limit."""
+
+
+def held_out_problems(task: str, size: int, limit: int) -> list[Problem]:
+    """Up to `limit` distinct held-out problems, drawn from a generator of their own: the same
+    set in the same order for every run, the order in which the task's own distribution first
+    draws them.
+    Fewer when the size holds fewer; InvalidArgument when it holds none."""
+    rng = random.Random("held-out")  # not the run's seed: every run evaluates the same problems
+    draw, verifier = TASKS[task].draw, TASKS[task].verifier
+    found: dict[str, str] = {}
+    for _ in range(_HELD_OUT_DRAWS):
+        if len(found) == limit:
+            break
+        prompt, answer = draw(rng, size)
+        if prompt not in found and held_out(prompt):
+            found[prompt] = answer
+    if not found:
+        raise InvalidArgument.field("spec.evaluations", f"builtin:{task}:{size} has no held-out problems")
+    return [Problem(prompt, answer, verifier) for prompt, answer in found.items()]
