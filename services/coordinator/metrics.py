@@ -1,8 +1,8 @@
 """Prometheus metrics of the coordinator (`pipelinerl_coordinator_*`, listed in
 docs/observability.md), all read at each scrape (in the event loop): the runs' progress, the
 journal's attempts per state, the inference pool (each server's version and load, re-dispatches),
-the reward and environment pools (each replica's state and load, calls sent again) and the episodes
-of environment runs.
+the reward and environment pools (each replica's state and load, calls sent again), the episodes
+of environment runs and the latest held-out evaluation of each set.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ EPISODE_COUNTERS = {
 }
 
 
+EVALUATION_GAUGES = {
+    "eval_weight_version": "Weight version of the latest evaluation of each held-out set.",
+    "eval_pass_at_1": "Fraction of exactly correct completions in the latest evaluation of each set.",
+    "eval_pass_at_k": "Unbiased pass@k (k: completions per problem) of the latest evaluation of each set.",
+    "eval_reward_mean": "Mean reward of the latest evaluation of each held-out set.",
+    "eval_completion_tokens_mean": "Mean completion length, in tokens, of the latest evaluation of each set.",
+    "eval_truncated_ratio": "Fraction of completions cut by max_new_tokens in the latest evaluation.",
+    "eval_duration_seconds": "How long the latest evaluation of each set took.",
+}
+
+
 def _run_gauges(run: RunInfo) -> dict[str, float]:
     p = run.progress
     return {
@@ -83,6 +94,7 @@ def watch(
         yield from _replicas("reward", reward.snapshot())
         yield from _replicas("environment", environments.snapshot())
         yield from _episodes(infos)
+        yield from _evaluations(infos)
         docs = {
             "redispatches": "Requests run again after their server went away, was busy or aborted them.",
             "reward_calls": "Score calls made; groups scored in the same turn share one.",
@@ -178,6 +190,28 @@ def _episodes(runs: list[RunInfo]) -> Iterator[Metric]:
             family.add_metric([run.run_id], values[name])
     yield from gauges.values()
     yield from totals.values()
+
+
+def _evaluations(runs: list[RunInfo]) -> Iterator[Metric]:
+    gauges = {
+        n: GaugeMetricFamily(f"{PREFIX}_{n}", doc, labels=["run", "dataset"])
+        for n, doc in EVALUATION_GAUGES.items()
+    }
+    for run in runs:
+        latest = {e.dataset: e for e in run.evaluations}  # oldest first: the last of each set stays
+        for dataset, e in latest.items():
+            values = {
+                "eval_weight_version": e.weight_version,
+                "eval_pass_at_1": e.pass_at_1,
+                "eval_pass_at_k": e.pass_at_k,
+                "eval_reward_mean": e.reward_mean,
+                "eval_completion_tokens_mean": e.completion_tokens_mean,
+                "eval_truncated_ratio": e.truncated_fraction,
+                "eval_duration_seconds": e.duration_s,
+            }
+            for name, family in gauges.items():
+                family.add_metric([run.run_id, dataset], values[name])
+    yield from gauges.values()
 
 
 def _replicas(kind: str, replicas: list[ReplicaState]) -> Iterator[Metric]:

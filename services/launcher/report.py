@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.trainer.tracking import StepLogs
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Point:
         )
 
 
+TRACKED = ("pass_at_1", "pass_at_k", "reward_mean", "completion_tokens_mean", "truncated_fraction")
+"""The figures of each evaluation logged to TensorBoard and W&B."""
+
+
 @dataclass(frozen=True)
 class Evaluated:
     """A held-out evaluation as `metrics.jsonl` holds it: its result, and where the run was."""
@@ -62,10 +67,12 @@ class Evaluated:
 
 
 class MetricsLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tracking: StepLogs | None = None) -> None:
+        """`tracking`: where each evaluation's figures go too (TensorBoard, W&B), at its version."""
         self.path = path
         self.points: list[Point] = []
         self.evaluations: list[Evaluated] = []
+        self._tracking = tracking
 
     def add(self, point: Point, run: RunInfo | None = None) -> None:
         """`point`, and the evaluations of `run` not written yet."""
@@ -75,6 +82,9 @@ class MetricsLog:
             data = {**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()}
             self.evaluations.append(Evaluated(point.elapsed_s, point.trained, data))
             lines.append(dataclasses.asdict(self.evaluations[-1]))
+            if self._tracking is not None:
+                values = {f"eval/{result.dataset}/{name}": getattr(result, name) for name in TRACKED}
+                self._tracking.log(result.weight_version, values)
         with self.path.open("a") as f:
             f.writelines(json.dumps(line) + "\n" for line in lines)
 

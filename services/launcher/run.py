@@ -39,6 +39,7 @@ from pipelinerl.launcher.config import RunSettings, overrides
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all, write_targets
 from pipelinerl.launcher.report import MetricsLog, Point, plot
 from pipelinerl.launcher.supervisor import Supervisor
+from pipelinerl.trainer.tracking import StepLogs
 
 log = get_logger(__name__)
 
@@ -348,7 +349,25 @@ async def _drive(
     """Start the run and follow it to its end. A coordinator that goes away (crashed, frozen, or
     being restarted by the supervisor) is asked again until it answers: StartRun of the same run
     resumes it from the journal, and the watch goes on."""
-    metrics = MetricsLog(settings.run_dir / "metrics.jsonl")
+    tracking = settings.trainer.tracking.model_copy(update={"dir": settings.run_dir})
+    # the trainer's run holds every step; the evaluations, logged from here, go in a run of their own
+    evaluations = StepLogs()
+    if settings.eval:
+        evaluations = StepLogs.open(tracking, f"{settings.run_id}-eval", {"eval": settings.eval})
+    try:
+        metrics = MetricsLog(settings.run_dir / "metrics.jsonl", evaluations)
+        return await _watch(settings, address, on_progress, restarts, metrics)
+    finally:
+        evaluations.close()
+
+
+async def _watch(
+    settings: RunSettings,
+    address: str,
+    on_progress: Callable[[RunInfo, float], None] | None,
+    restarts: Counter[str] | None,
+    metrics: MetricsLog,
+) -> RunResult:
     channel = ChannelConfig(address, auth_token=settings.auth_token, tls_ca_file=settings.client_ca_file)
     restarts = Counter() if restarts is None else restarts
     async with CoordinatorClient(channel) as client:
