@@ -6,6 +6,10 @@ version the trainer names, or the TRAINED ack of the copy the trainer already he
 The kill lands while the trainer holds samples of the killed coordinator's stream (acked ACCEPTED,
 waiting for a full batch), so the resumed run resends samples the trainer has but has not trained:
 the trainer keeps one copy and sends its final ack to the new stream.
+
+The run evaluates a held-out set every 4 versions: the evaluations journaled before the kill are
+reported after it, none twice, none half counted, and the resumed run evaluates on to its last
+version; no evaluation completion reaches the trainer.
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ RUN_TIMEOUT_S = 45.0
 STALL_S = 15.0  # a step takes well under a second here
 
 
+def evaluations(journal_path: Path) -> list[tuple[str, int, int]]:
+    """(dataset, weight version, problems) of each evaluation the journal holds, oldest first."""
+    journal = sqlite3.connect(journal_path)
+    try:
+        rows = journal.execute("SELECT result FROM evaluations ORDER BY rowid").fetchall()
+    finally:
+        journal.close()
+    return [(r["dataset"], r["weight_version"], r["problems"]) for r in (json.loads(row) for (row,) in rows)]
+
+
 def attempt_states(journal_path: Path) -> dict[str, tuple[str, str | None]]:
     """sample id -> (state, disposition), read from the journal."""
     journal = sqlite3.connect(journal_path)
@@ -60,7 +74,9 @@ async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> No
     # 1.5 steps in flight: while a step trains, at most 64 more samples can reach the trainer, so it
     # holds a partial batch for the kill to land on (with two steps in flight and generation faster
     # than training, it may hold a full batch at every poll).
-    settings = RunSettings(run_dir=tmp_path / "run", max_samples=BUDGET, max_in_flight=192)
+    settings = RunSettings(
+        run_dir=tmp_path / "run", max_samples=BUDGET, max_in_flight=192, eval=["builtin:copy:2"], eval_every=4
+    )
     run_dir = settings.run_dir
     processes: list[ServiceProcess] = []
     try:
@@ -87,6 +103,7 @@ async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> No
             await asyncio.sleep(1.0)  # a step under way ends; what is left waits for a full batch
             held_at_kill = (await trainer_client.status()).buffered_samples
 
+        evaluated_at_kill = evaluations(journal_path)
         at_kill = attempt_states(journal_path)
         acked_at_kill = {i: d for i, (s, d) in at_kill.items() if s in ("trained", "acked")}
         in_flight_at_kill = {i for i, (s, _) in at_kill.items() if s not in ("trained", "acked")}
@@ -109,6 +126,16 @@ async def test_killed_coordinator_resumes_from_its_journal(tmp_path: Path) -> No
             status = await trainer_client.status()
     finally:
         await stop_all(processes)
+
+    # Evaluations: the first version's, then every 4 versions, and the last; those before the kill kept.
+    held_out = 11  # the held-out prompts of copy:2
+    evaluated = evaluations(journal_path)
+    assert evaluated[: len(evaluated_at_kill)] == evaluated_at_kill and evaluated_at_kill, evaluated
+    versions = [v for _, v, _ in evaluated]
+    assert versions == sorted(set(versions)) and versions[0] < 4, versions
+    assert versions[-1] == status.version.version, (versions, status.version)
+    assert all(problems == held_out for _, _, problems in evaluated), evaluated
+    assert [(e.dataset, e.weight_version) for e in run.evaluations] == [(d, v) for d, v, _ in evaluated]
 
     final = attempt_states(journal_path)
     assert len(final) == BUDGET  # the budget counts the whole run, not each coordinator process
