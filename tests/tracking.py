@@ -21,14 +21,20 @@ def tensorboard_series(directory: Path) -> Series:
 
 
 def wandb_series(wandb_dir: Path) -> Series:
-    """The history of the one offline run under `wandb_dir`."""
-    [run_log] = wandb_dir.glob("offline-run-*/run-*.wandb")
+    """The histories of the offline runs under `wandb_dir` (the trainer's, and the evaluations' when
+    the run has any: their names differ)."""
     wandb = Path(sys.executable).parent / "wandb"
-    records = subprocess.run(
-        [wandb, "leet", "inspect", "--json", str(run_log)],
-        capture_output=True, text=True, timeout=120, check=True, stdin=subprocess.DEVNULL,
-    ).stdout  # fmt: skip
     series: Series = {}
+    for run_log in sorted(wandb_dir.glob("offline-run-*/run-*.wandb")):
+        records = subprocess.run(
+            [wandb, "leet", "inspect", "--json", str(run_log)],
+            capture_output=True, text=True, timeout=120, check=True, stdin=subprocess.DEVNULL,
+        ).stdout  # fmt: skip
+        _add_history(records, series)
+    return series
+
+
+def _add_history(records: str, series: Series) -> None:
     for line in records.splitlines():
         record = json.loads(line)
         if record.get("type") != "history":
@@ -37,4 +43,3 @@ def wandb_series(wandb_dir: Path) -> Series:
         for name, value in item.items():
             if not name.startswith("_"):
                 series.setdefault(name, []).append((item["_step"], value))
-    return series

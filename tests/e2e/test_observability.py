@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
 from tests.observability_docs import documented_metrics
 from tests.tracking import tensorboard_series, wandb_series
@@ -81,6 +82,8 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
         duration_s=300,
         log_level="debug",  # the per-attempt lines that `pipelinerl trace` shows
         trainer={"tracking": tracking},
+        eval=["builtin:copy:2"],
+        eval_every=8,
     )
     processes: list[ServiceProcess] = []
     run = asyncio.create_task(launch(settings, processes=processes))
@@ -100,9 +103,9 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
     result = await run
     assert result.state == "completed" and result.trained > 0
     # the progress points carry what shows a collapse: an entropy estimate, a zero-variance fraction
-    points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any(0 < point["entropy"] < 10 for point in points)
-    assert all(0 <= point["zero_variance"] <= 1 for point in points)
+    points = read_points(run_dir / "metrics.jsonl")
+    assert any(0 < point.entropy < 10 for point in points)
+    assert all(0 <= point.zero_variance <= 1 for point in points)
     assert value(later["coordinator"], "pipelinerl_coordinator_entropy_nats", run="run") > 0
 
     documented = documented_metrics()
@@ -116,10 +119,15 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
     submits = value(later["trainer"], "pipelinerl_grpc_server_started", grpc_method="SubmitSamples")
     assert submits >= 1
 
+    assert value(later["coordinator"], "pipelinerl_coordinator_eval_weight_version", run="run",
+                 dataset="builtin:copy:2") >= 0  # fmt: skip
     for series in (tensorboard_series(run_dir / "tensorboard"), wandb_series(run_dir / "wandb")):
         for name in ("reward_mean", "lag_mean", "ess"):
             steps = [step for step, _ in series[name]]
             assert len(steps) >= 10 and steps == sorted(set(steps)), name
+        # each held-out evaluation at the weight version that generated it
+        held_out = [step for step, _ in series["eval/builtin:copy:2/pass_at_1"]]
+        assert held_out[0] < 8 and held_out == sorted(set(held_out)) and len(held_out) >= 2, held_out
 
     journal = sqlite3.connect(run_dir / "journal.sqlite")
     [(attempt,)] = journal.execute("SELECT sample_id FROM attempts WHERE disposition = 'trained' LIMIT 1")
