@@ -107,6 +107,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, object]:
         dataset=args.dataset,
         seed=args.seed,
         duration_s=args.seconds,
+        eval=[],  # the cost of a trained sample alone; benchmarks/eval_cost.py measures evaluation's
         inference=InferenceSettings.model_construct(
             **({"max_running": args.max_running} if args.max_running else {})
         ),

@@ -171,6 +171,7 @@ def run_settings(name: RunName, args: argparse.Namespace) -> RunSettings:
         max_samples=args.samples,
         duration_s=args.max_seconds,
         target_reward=None,
+        eval=[],  # held-out evaluation costs both modes alike; benchmarks/eval_cost.py measures it
         **environment,
         # sync mode has no window of its own: a round is what it generates at once
         **({"max_in_flight": args.max_in_flight} if pipeline else {}),

@@ -127,11 +127,12 @@ class RunSettings(LayeredSettings):
     itself with."""
     max_turns: int = Field(default=0, ge=0)
     """Most model turns per episode; 0: the environment's own limit."""
-    eval: list[str] = Field(default_factory=list)
+    eval: list[str] | None = None
     """Held-out sets evaluated while the run trains (the flag repeated for several):
     `builtin:<task>[:<size>]` (the task's held-out problems, never trained on), a JSONL/parquet file
     (the run's own file: its `eval_split` rows), or `environment` (held-out episodes of the run's
-    environment). docs/evaluation.md."""
+    environment). Unset: the run's own built-in task, none for a file or an environment;
+    `--eval '[]'`: none. docs/evaluation.md."""
     eval_every: int = Field(default=16, ge=1)
     """Versions between two evaluations of a set (besides the first version and the last)."""
     eval_k: int = Field(default=1, ge=1)
@@ -217,6 +218,13 @@ class RunSettings(LayeredSettings):
         if self.environment is not None:
             return TURN_TOKENS
         return max_new_tokens(self.dataset) if self.dataset.startswith("builtin:") else 3
+
+    @property
+    def eval_sets(self) -> list[str]:
+        """The held-out sets the run evaluates (`eval`, or its default)."""
+        if self.eval is not None:
+            return self.eval
+        return [self.dataset] if self.environment is None and self.dataset.startswith("builtin:") else []
 
     @property
     def environment_class(self) -> str | None:

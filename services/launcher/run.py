@@ -306,7 +306,7 @@ def _spec(settings: RunSettings) -> RunSpec:
         mode=Mode(settings.mode),
         max_in_flight=_in_flight(settings),
         seed=settings.seed,
-        evaluations=tuple(_evaluation(settings, name) for name in settings.eval),
+        evaluations=tuple(_evaluation(settings, name) for name in settings.eval_sets),
         epochs=settings.epochs,
         eval_split=settings.eval_split,
     )
@@ -352,8 +352,8 @@ async def _drive(
     tracking = settings.trainer.tracking.model_copy(update={"dir": settings.run_dir})
     # the trainer's run holds every step; the evaluations, logged from here, go in a run of their own
     evaluations = StepLogs()
-    if settings.eval:
-        evaluations = StepLogs.open(tracking, f"{settings.run_id}-eval", {"eval": settings.eval})
+    if settings.eval_sets:
+        evaluations = StepLogs.open(tracking, f"{settings.run_id}-eval", {"eval": settings.eval_sets})
     try:
         metrics = MetricsLog(settings.run_dir / "metrics.jsonl", evaluations)
         return await _watch(settings, address, on_progress, restarts, metrics)
