@@ -1,6 +1,7 @@
 """The `pipelinerl` command.
 
     pipelinerl run [--config FILE] [--<setting> VALUE ...]
+    pipelinerl eval --model MODEL --dataset SET [--k K] [--temperature T] [...]
     pipelinerl serve <service> [--config FILE] [--<setting> VALUE ...]
     pipelinerl health HOST:PORT
     pipelinerl trace RUN_DIR ATTEMPT_ID
@@ -137,9 +138,99 @@ def run(ctx: typer.Context) -> None:
         f"(exactly correct {result.final_correct:.3f}) after {result.elapsed_s:.0f} s, "
         f"{result.trained} samples trained ({result.samples_per_s:.1f}/s)"
     )
+    for e in {e.dataset: e for e in result.evaluations}.values():  # the latest of each set
+        typer.echo(
+            f"held-out {e.dataset} at version {e.weight_version}: pass@1 {e.pass_at_1:.3f}, "
+            f"pass@{e.samples_per_problem} {e.pass_at_k:.3f}, mean reward {e.reward_mean:.3f} "
+            f"({e.problems} problems)"
+        )
     if result.restarts:
         restarts = ", ".join(f"{name} {n}" for name, n in sorted(result.restarts.items()))
         typer.echo(f"restarts: {restarts} (why: {settings.run_dir}/launcher.log)")
     typer.echo(f"plot: {result.plot_path}\nmetrics: {result.metrics_path}\nlogs: {settings.run_dir}/*.log")
     if result.state == "failed":  # the coordinator's log says why
         raise typer.Exit(1)
+
+
+@app.command(name="eval")
+def evaluate(
+    dataset: str = typer.Option(
+        ..., help="The set: builtin:<task>[:<size>] (its held-out problems) or a JSONL/parquet file"
+    ),
+    model: str | None = typer.Option(
+        None, help="A preset, an HF model directory, a checkpoint, or a run directory (its newest checkpoint)"
+    ),
+    k: int = typer.Option(1, "--k", min=1, help="Completions per problem: the k of pass@k"),
+    temperature: float = typer.Option(0.0, min=0.0, help="Sampling temperature; 0 is greedy"),
+    limit: int = typer.Option(0, min=0, help="The first this many problems; 0: a file's all, 256 of a task"),
+    max_new_tokens: int | None = typer.Option(
+        None, min=1, help="Tokens per completion; unset: what a built-in task needs, else 512"
+    ),
+    seed: int = typer.Option(0, help="Seed of a preset's random weights"),
+    device: str = typer.Option("cpu", help="Where the model runs: cpu or cuda[:N]"),
+    coordinator_address: str | None = typer.Option(
+        None, help="host:port of a coordinator to evaluate on (its servers and model) instead"
+    ),
+    auth_token: str | None = typer.Option(
+        None, envvar="PIPELINERL_AUTH_TOKEN", help="The coordinator's bearer token, if it needs one"
+    ),
+    tls_ca_file: str | None = typer.Option(
+        None, help="PEM CA bundle to verify a coordinator that speaks TLS"
+    ),
+    json_only: bool = typer.Option(False, "--json-only", help="Print the JSON line only, no table"),
+) -> None:
+    """Evaluate a model or a checkpoint on one set, as a run evaluates it; print a table (stderr)
+    and the result as one JSON line (stdout).
+
+    Without --coordinator-address, an inference server with the model and a reward service run as
+    processes for it, stopped at the end. A wrong flag (a model or set that cannot be read) prints
+    `error: <flag>: <reason>` and exits 2; a service or an evaluation that fails exits 1.
+    """
+    import asyncio
+    import signal
+    from pathlib import Path
+
+    from pipelinerl.common.errors import InvalidArgument, PipelineError
+    from pipelinerl.common.log import configure_logging
+    from pipelinerl.launcher.evaluate import (
+        evaluate_model,
+        evaluate_remote,
+        evaluation_spec,
+        flag_of,
+        print_table,
+        resolve_model,
+        result_json,
+    )
+    from pipelinerl.launcher.interrupt import Interrupted, until_signalled
+
+    configure_logging("launcher", "console", "warning")
+    try:
+        spec = evaluation_spec(dataset, k=k, temperature=temperature, limit=limit, tokens=max_new_tokens)
+        if coordinator_address is not None:
+            if model is not None:
+                raise InvalidArgument.field("model", "the coordinator's servers hold their own model")
+            ca = Path(tls_ca_file) if tls_ca_file else None
+            running = evaluate_remote(coordinator_address, spec, auth_token, ca)
+            shown = coordinator_address
+        elif model is None:
+            raise InvalidArgument.field("model", "needed without --coordinator-address")
+        else:
+            shown = resolve_model(model)
+            running = evaluate_model(shown, spec, seed=seed, device=device)
+        result = asyncio.run(until_signalled(running))
+    except InvalidArgument as exc:
+        for v in exc.violations or ():
+            typer.echo(f"error: {flag_of(v.field)}: {v.description}", err=True)
+        if not exc.violations:
+            typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        typer.echo(f"stopped by {name}; every service it started is stopped", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except (PipelineError, RuntimeError) as exc:  # a service that failed (ServiceFailed is one)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if not json_only:
+        print_table(result, shown)
+    typer.echo(result_json(result))

@@ -48,6 +48,9 @@ class RunDisplay:
                 f"  forks {e.forks}  env errors {e.environment_errors}"
                 f"  step {e.step_seconds_mean * 1e3:.0f} ms"
             )
+        if run.evaluations:
+            latest = run.evaluations[-1]
+            status += f"  held-out {latest.pass_at_1:.3f} @v{latest.weight_version}"
         if self._restarts:
             status += "  restarts " + ",".join(f"{name}:{n}" for name, n in sorted(self._restarts.items()))
         done = p.trained if self._by_samples else elapsed_s

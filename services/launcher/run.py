@@ -33,7 +33,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.tasks import max_new_tokens
-from pipelinerl.coordinator.types import EvaluationSpec, Mode, RunInfo, RunSpec, RunState
+from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, Mode, RunInfo, RunSpec, RunState
 from pipelinerl.launcher.checks import check_run
 from pipelinerl.launcher.config import RunSettings, overrides
 from pipelinerl.launcher.processes import ServiceProcess, start_service, stop_all, write_targets
@@ -70,6 +70,8 @@ class RunResult:
     plot_path: Path
     restarts: dict[str, int]
     """Restarts of each service the supervisor restarted."""
+    evaluations: tuple[EvaluationResult, ...] = ()
+    """The run's held-out evaluations, oldest first."""
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -402,6 +404,7 @@ async def _watch(
         metrics_path=metrics.path,
         plot_path=plot_path,
         restarts=dict(restarts),
+        evaluations=run.evaluations,
     )
 
 
