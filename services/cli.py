@@ -139,10 +139,11 @@ def run(ctx: typer.Context) -> None:
         f"{result.trained} samples trained ({result.samples_per_s:.1f}/s)"
     )
     for e in {e.dataset: e for e in result.evaluations}.values():  # the latest of each set
+        k = e.samples_per_problem
         typer.echo(
-            f"held-out {e.dataset} at version {e.weight_version}: pass@1 {e.pass_at_1:.3f}, "
-            f"pass@{e.samples_per_problem} {e.pass_at_k:.3f}, mean reward {e.reward_mean:.3f} "
-            f"({e.problems} problems)"
+            f"held-out {e.dataset} at version {e.weight_version}: pass@1 {e.pass_at_1:.3f}"
+            + (f", pass@{k} {e.pass_at_k:.3f}" if k > 1 else "")
+            + f", mean reward {e.reward_mean:.3f} ({e.problems} problems)"
         )
     if result.restarts:
         restarts = ", ".join(f"{name} {n}" for name, n in sorted(result.restarts.items()))
