@@ -41,6 +41,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
     registry = CollectorRegistry()
     metrics = InferenceMetrics(registry)
     servicer = InferenceServicer(runner, metrics)
+    runner.on_swap = metrics.swapped
     on_close: list[Callable[[], Awaitable[None]]] = [runner.stop]
     if settings.trainer_address is not None:
         trainer = TrainerClient(
@@ -58,7 +59,7 @@ async def build(settings: InferenceSettings) -> GrpcServer:
             runner.apply_weights,
             accepts_broadcast=settings.accepts_broadcast,
             cuda_device=torch.device(settings.device) if on_gpu and settings.accepts_cuda_ipc else None,
-            on_update=lambda receive_s: metrics.updated(receive_s, runner.last_stall_s),
+            on_update=metrics.received,
         )
         runner.receiver = receiver
         follow = asyncio.create_task(receiver.run())

@@ -12,6 +12,9 @@ group of concurrent `generate()` calls costs one message each way instead of one
 
     async with InferenceClient("127.0.0.1:50051") as client, client.session() as session:
         completion = await session.generate(GenerationRequest("r1", [1, 2, 3], SamplingParams()))
+
+A request pinned to a weight version the server does not hold raises `VersionNotHeld`, whose
+`held_version` is the version to ask for instead.
 """
 
 from __future__ import annotations
@@ -25,9 +28,15 @@ import grpc
 from pipelinerl.common import convert, trace
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.errors import PipelineError, Unavailable
-from pipelinerl.common.status import domain_errors, error_from_status
+from pipelinerl.common.status import domain_errors
 from pipelinerl.common.types import TokenSequence
-from pipelinerl.inference.convert import completion_from_proto, model_info_from_proto, status_from_proto
+from pipelinerl.inference.convert import (
+    completion_from_proto,
+    model_info_from_proto,
+    request_error_from_status,
+    status_from_proto,
+    submission_to_proto,
+)
 from pipelinerl.inference.types import Completion, GenerationRequest, InferenceStatus, ModelInfo
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
@@ -108,7 +117,8 @@ class GenerateSession:
 
     async def generate(self, request: GenerationRequest, on_delta: DeltaCallback | None = None) -> Completion:
         """Submit once a slot is free and wait for the completion. Cancelling this coroutine cancels
-        the request on the server. Raises the request's domain error (InvalidArgument, ...)."""
+        the request on the server. Raises the request's domain error (InvalidArgument,
+        VersionNotHeld, ...)."""
         assert self._call is not None, "use `async with session`"
         async with self._slots:
             # A window of 0 means the server drains: it takes nothing new on this stream.
@@ -117,14 +127,8 @@ class GenerateSession:
                 raise self._gone()
             future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
             self._pending[request.request_id] = (future, on_delta)
-        submission = pb.Submission(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            prompt_text=request.prompt_text,
-            sampling=convert.sampling_to_proto(request.sampling),
-            stream_tokens=on_delta is not None,
-            trace=trace.bound(),  # the attempt's ids, for the server's log lines about it
-        )
+        # The trace: the attempt's ids, for the server's log lines about it.
+        submission = submission_to_proto(request, stream_tokens=on_delta is not None, trace=trace.bound())
         queued: tuple[pb.Submission, asyncio.Future[None]] | None = None
         try:
             if self._accepts_batches:
@@ -255,7 +259,7 @@ class GenerateSession:
         if event == "delta" and on_delta is not None:
             on_delta(convert.tokens_from_proto(response.delta.tokens))
         elif event == "error":
-            future.set_exception(error_from_status(response.error.status))
+            future.set_exception(request_error_from_status(response.error.status))
 
     def _complete(self, message: pb.Completion) -> None:
         future, _ = self._pending.get(message.request_id, (None, None))

@@ -2,9 +2,71 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
 from pipelinerl.common import convert
-from pipelinerl.inference.types import Completion, InferenceStatus, Limits, ModelInfo
+from pipelinerl.common.errors import PipelineError
+from pipelinerl.common.status import error_from_status, item_status
+from pipelinerl.inference.pinning import VersionNotHeld
+from pipelinerl.inference.types import Completion, GenerationRequest, InferenceStatus, Limits, ModelInfo
 from pipelinerl.inference.v1 import inference_pb2 as pb
+
+VERSION_NOT_HELD = "WEIGHT_VERSION_NOT_HELD"
+"""`ErrorInfo.reason` of a pinned request refused at another version (AIP-193)."""
+ERROR_DOMAIN = "inference.pipelinerl"
+
+
+def submission_to_proto(
+    request: GenerationRequest, *, stream_tokens: bool, trace: Mapping[str, str]
+) -> pb.Submission:
+    return pb.Submission(
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        prompt_text=request.prompt_text,
+        sampling=convert.sampling_to_proto(request.sampling),
+        stream_tokens=stream_tokens,
+        trace=trace,
+        weight_version=request.weight_version,
+    )
+
+
+def request_from_proto(msg: pb.Submission, prompt_token_ids: list[int], where: str) -> GenerationRequest:
+    """The request of `msg`, whose prompt the servicer has resolved (tokenized `prompt_text`)."""
+    return GenerationRequest(
+        msg.request_id,
+        prompt_token_ids,
+        convert.sampling_from_proto(msg.sampling, f"{where}.sampling"),
+        msg.stream_tokens,
+        weight_version=msg.weight_version if msg.HasField("weight_version") else None,
+    )
+
+
+def request_error_to_status(exc: PipelineError) -> status_pb2.Status:
+    """The status of one failed request; a `VersionNotHeld` names the held version in an `ErrorInfo`."""
+    status = item_status(exc)
+    if isinstance(exc, VersionNotHeld):
+        info = error_details_pb2.ErrorInfo(
+            reason=VERSION_NOT_HELD, domain=ERROR_DOMAIN, metadata={"weight_version": str(exc.held_version)}
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        status.details.append(detail)
+    return status
+
+
+def request_error_from_status(status: status_pb2.Status) -> PipelineError:
+    """The domain error of a failed request: `VersionNotHeld` when the status names a held version."""
+    error = error_from_status(status)
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.reason == VERSION_NOT_HELD and info.domain == ERROR_DOMAIN:
+            held = info.metadata.get("weight_version", "")
+            if held.lstrip("-").isdigit():  # a peer that sends garbage gets the plain error
+                return VersionNotHeld(error.message, int(held))
+    return error
 
 
 def capacity_to_proto(limits: Limits, info: ModelInfo, max_in_flight: int) -> pb.GenerateResponse:

@@ -5,9 +5,10 @@ its own loop and routes the outputs; tests drive it directly.
 
     add_request ──► validate ──► queue (≤ max_queued) ─┐
     abort ────────► pending aborts ────────────────────┤        (under a lock: any thread)
-    stage_weights ─► validate ──► staged (version v+1) ─┤
+    stage_weights ─► validate ──► next (version v+1) ──┤
+                            └───► waiting, while pinned requests run (copies; see below)
                                                        ▼
-    step()  1. swap staged weights into the model, in place: running sequences keep their KV
+    step()  1. swap the next version into the model, in place: running sequences keep their KV
                cache and continue on the new weights; later tokens carry the new version
             2. apply aborts: their rows leave the batch, the cache row is freed
             3. decode: ONE forward over all running rows (1 token each), sample, +1 token per row
@@ -22,6 +23,12 @@ its own loop and routes the outputs; tests drive it directly.
                                                        ▼
     list[GenerationUpdate]: the final update of each finished request, plus per-step deltas for
     `stream_tokens` requests; every token carries its logprob and the weight version that made it.
+
+Pinned requests (`GenerationRequest.weight_version`) are admitted only at the version the engine
+holds from its next step on, and while one is queued or running no version is swapped in: one
+received meanwhile waits, staged as a copy (a newer one replaces it), and becomes the next version
+when the last pinned request ends. Admission, the count of pinned requests and the choice of the
+next version share one lock, so a pinned request never sees a token of another version.
 
 The slot KV cache is `pipelinerl.inference.kv_cache`; request checks (`validation`) and stop strings
 (`stop`) are shared with the vLLM engine.
@@ -49,6 +56,7 @@ from pipelinerl.inference.kv_cache import (
     capacity_for,
     check_attention_window,
 )
+from pipelinerl.inference.pinning import PinnedWaits, check_pinned
 from pipelinerl.inference.sampling import make_generator, sample
 from pipelinerl.inference.sequence import SequenceState, eos_token_ids
 from pipelinerl.inference.stop import completion_text
@@ -85,6 +93,24 @@ class SchedulerStats:
     """Running sequences summed over those forwards: over `decode_steps`, the mean batch occupancy."""
     last_swap_s: float
     """How long the last weight swap held up decoding (the copy into the parameters)."""
+    pinned_waits: int
+    """Received versions that waited, staged, behind pinned requests."""
+    pinned_wait_s: float
+    """Seconds they waited, the current wait included."""
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A received version not yet in the model."""
+
+    version: int
+    tensors: dict[str, torch.Tensor]
+
+
+def _staged(previous: _Staged | None, version: int, tensors: dict[str, torch.Tensor]) -> _Staged:
+    """`version` staged over `previous`, an older one not swapped in yet (a version may name only
+    some of the tensors)."""
+    return _Staged(version, tensors if previous is None else {**previous.tensors, **tensors})
 
 
 class InferenceEngine:
@@ -120,8 +146,13 @@ class InferenceEngine:
         self._running: list[SequenceState] = []
         self._live_ids: set[str] = set()
         self._aborts: set[str] = set()
-        self._staged: dict[str, torch.Tensor] = {}
-        self._staged_version: int | None = None
+        self._next: _Staged | None = None
+        """Swapped in at the start of the next step, whatever is pinned."""
+        self._waiting: _Staged | None = None
+        """Received while pinned requests run; exists only while `_pinned` > 0."""
+        self._pinned = 0
+        """Pinned requests queued or running."""
+        self._pinned_waits = PinnedWaits()
         self._generated = 0
         self._decode_steps = 0
         self._decoded_rows = 0
@@ -131,7 +162,9 @@ class InferenceEngine:
     # ---- inputs (any thread) ------------------------------------------------------------------
 
     def add_request(self, request: GenerationRequest) -> None:
-        """Queue `request`; raises InvalidArgument for a bad request, ResourceExhausted when full."""
+        """Queue `request`; raises InvalidArgument for a bad request, ResourceExhausted when full,
+        VersionNotHeld for a request pinned to another version than the one every token it gets
+        would carry (the next version's, if one is staged to be swapped in)."""
         check_request(request, self.limits, self.vocab_size, self.tokenizer)
         sequence = SequenceState.start(request, self._stop_ids(request.sampling), self.tokenizer, self.device)
         with self._lock:
@@ -139,6 +172,10 @@ class InferenceEngine:
                 raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
             if len(self._queue) >= self.settings.max_queued:
                 raise ResourceExhausted(f"the queue holds its maximum of {self.settings.max_queued} requests")
+            if request.weight_version is not None:
+                held = self._version if self._next is None else self._next.version
+                check_pinned(request.weight_version, held)
+                self._pinned += 1
             self._queue.append(sequence)
             self._live_ids.add(request.request_id)
 
@@ -154,27 +191,55 @@ class InferenceEngine:
 
     def stage_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
-    ) -> None:
+    ) -> bool:
         """Stage weights of `version`; the next `step` copies them into the model before it decodes.
 
         One call is one atomic update: pass every tensor of the version together (a subset updates
-        only those parameters). The tensors are kept by reference until the swap, so the caller must
-        not modify them meanwhile.
+        only those parameters).
+
+        True: the tensors are kept by reference until that swap, so the caller must not modify them
+        meanwhile. False: pinned requests are queued or running, so the version waits for the last
+        of them to end; it is staged as host-memory copies, and the caller may reuse its tensors at
+        once. That costs one more copy of the version's weights in host memory until its swap (two
+        while a newer version is being copied to replace it), and the copy's time in this thread.
         """
         tensors = dict(named_tensors)
         check_weights(tensors, self._params)
         with self._lock:
-            newest = self._version if self._staged_version is None else self._staged_version
-            if version <= newest:
-                raise FailedPrecondition(f"weight version {version} is not newer than version {newest}")
-            self._staged.update(tensors)
-            self._staged_version = version
+            self._check_newer(version)
+            if not self._pinned:
+                self._next = _staged(self._next, version, tensors)
+                return True
+        # Copied outside the lock: admission and decoding go on meanwhile.
+        copies = {name: tensor.to("cpu", copy=True) for name, tensor in tensors.items()}
+        with self._lock:
+            self._check_newer(version)
+            pinned = self._pinned
+            if pinned:
+                self._waiting = _staged(self._waiting, version, copies)
+                self._pinned_waits.began()
+            else:  # the last pinned request ended during the copy
+                self._next = _staged(self._next, version, copies)
+        log.info(
+            "weights staged behind pinned requests",
+            weight_version=version,
+            held_version=self._version,
+            pinned=pinned,
+            copied_bytes=sum(t.nbytes for t in copies.values()),
+        )
+        return False
+
+    def _check_newer(self, version: int) -> None:
+        """Under the lock: refuse a version not newer than every one held or staged."""
+        newest = max([self._version, *(s.version for s in (self._next, self._waiting) if s is not None)])
+        if version <= newest:
+            raise FailedPrecondition(f"weight version {version} is not newer than version {newest}")
 
     # ---- the loop -----------------------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
-        return bool(self._running or self._queue or self._aborts)
+        return bool(self._running or self._queue or self._aborts or self._next)
 
     @property
     def weight_version(self) -> int:
@@ -190,6 +255,8 @@ class InferenceEngine:
         recent = list(self._recent_steps)  # one C-level copy: step() may append meanwhile
         tokens = sum(n for n, _ in recent)
         seconds = sum(s for _, s in recent)
+        with self._lock:
+            pinned_waits, pinned_wait_s = self._pinned_waits.versions, self._pinned_waits.seconds
         return SchedulerStats(
             running=len(self._running),
             queued=len(self._queue),
@@ -201,6 +268,8 @@ class InferenceEngine:
             decode_steps=self._decode_steps,
             decoded_rows=self._decoded_rows,
             last_swap_s=self._last_swap_s,
+            pinned_waits=pinned_waits,
+            pinned_wait_s=pinned_wait_s,
         )
 
     @torch.no_grad()
@@ -226,16 +295,15 @@ class InferenceEngine:
 
     def _swap_staged_weights(self) -> None:
         with self._lock:
-            staged, self._staged = self._staged, {}
-            if self._staged_version is None:
+            staged, self._next = self._next, None
+            if staged is None:
                 return
-            version, self._staged_version = self._staged_version, None
-            self._version = version
+            version = self._version = staged.version
         started = time.perf_counter()
         # One grouped copy: on a GPU, hundreds of single copies cost more in launches than the bytes.
-        params: list[torch.Tensor] = [self._params[name] for name in staged]
-        torch._foreach_copy_(params, list(staged.values()))  # pyright: ignore[reportPrivateImportUsage]  # no public name
-        count = len(staged)
+        params: list[torch.Tensor] = [self._params[name] for name in staged.tensors]
+        torch._foreach_copy_(params, list(staged.tensors.values()))  # pyright: ignore[reportPrivateImportUsage]  # no public name
+        count = len(staged.tensors)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies run ahead of the host: time them
@@ -262,6 +330,8 @@ class InferenceEngine:
         longest = 0
         with self._lock:
             while self._queue and len(admitted) < free_rows:
+                if self._queue[0].request.weight_version not in (None, self._version):
+                    break  # pinned to the next version, staged after this step's swap: it waits one step
                 padded_longest = max(longest, len(self._queue[0].request.prompt_token_ids))
                 if admitted and padded_longest * (len(admitted) + 1) > self.settings.max_prefill_tokens:
                     break
@@ -413,6 +483,8 @@ class InferenceEngine:
         request = sequence.request
         with self._lock:
             self._live_ids.discard(request.request_id)
+            if request.weight_version is not None:
+                self._unpin()
         update = sequence.delta()
         if sequence.error is not None:
             update = FailedUpdate(update.request_id, update.tokens, error=sequence.error)
@@ -420,6 +492,16 @@ class InferenceEngine:
         update.text = completion_text(self.tokenizer, sequence.tokens.token_ids, request.sampling.stop)
         log.debug("request finished", request_id=request.request_id, finish_reason=reason.value)
         return update
+
+    def _unpin(self) -> None:
+        """Under the lock: a pinned request has ended; after the last one, the waiting version is next."""
+        self._pinned -= 1
+        if self._pinned or self._waiting is None:
+            return
+        self._pinned_waits.ended()
+        self._next = _staged(self._next, self._waiting.version, self._waiting.tensors)
+        self._waiting = None
+        log.info("pinned requests done; swapping in the waiting version", weight_version=self._next.version)
 
     @property
     def _pad_id(self) -> int:

@@ -1,9 +1,10 @@
 """Prometheus metrics of an inference server (`pipelinerl_inference_*`, listed in
 docs/observability.md), whichever engine serves it.
 
-Finished sequences are counted as the servicer answers them (`finished`), the stall and receive
-time of each weight update as it lands (`updated`); the batch, throughput, version and the
-receiver's counters are read at each scrape (`watch`).
+Finished sequences are counted as the servicer answers them (`finished`), the receive time of
+each weight version as the engine takes it (`received`) and the stall of each swap as it happens
+(`swapped`: a version that waits behind pinned requests is swapped in later); the batch,
+throughput, version, pinned waits and the receiver's counters are read at each scrape (`watch`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ GAUGES = {
     "weight_version": "Weight version served (-1 until the trainer's first has landed).",
 }
 COUNTERS = {
-    "weight_updates": "Weight versions received, checked and swapped in.",
+    "weight_updates": "Weight versions received, checked and swapped in (or staged behind pinned requests).",
     "weight_update_failures": "Versions that could not be had (the old weights were kept).",
     "weight_verification_failures": "Received buckets or chunks that failed their checksum.",
     "weight_fetch_fallbacks": "Versions fetched after their broadcast or CUDA IPC hand-off failed.",
+}
+PINNED_COUNTERS = {
+    "weight_pinned_waits": "Weight versions that waited, staged, behind requests pinned to the one served.",
+    "weight_pinned_wait_seconds": "Seconds versions waited behind pinned requests, the current wait too.",
 }
 BATCH_COUNTERS = {
     "decode_steps": "Decode steps (one forward over the running batch each); built-in engine only.",
@@ -65,7 +70,8 @@ class InferenceMetrics:
         )
         self._receive = Histogram(
             f"{PREFIX}_weight_receive_seconds",
-            "Time to receive each weight version: from its notice through transfer and checks to the swap.",
+            "Time to receive each weight version: from its notice through transfer and checks to the swap "
+            "(or, behind pinned requests, to its staging).",
             buckets=RECEIVE_BUCKETS_S,
             registry=registry,
         )
@@ -74,8 +80,10 @@ class InferenceMetrics:
         self._sequences_by[reason].inc()
         self._tokens.inc(tokens)
 
-    def updated(self, receive_s: float, stall_s: float) -> None:
+    def received(self, receive_s: float) -> None:
         self._receive.observe(receive_s)
+
+    def swapped(self, stall_s: float) -> None:
         self._stall.observe(stall_s)
 
     def watch(self, backend: InferenceBackend, receiver: ReceiverStats | None) -> None:
@@ -93,6 +101,10 @@ class InferenceMetrics:
                     "weight_version": status.weight_version.version,
                 },
             )
+            if status.pinned_waits is not None and status.pinned_wait_s is not None:
+                waits = {"weight_pinned_waits": status.pinned_waits,
+                         "weight_pinned_wait_seconds": status.pinned_wait_s}  # fmt: skip
+                yield from counters(PREFIX, PINNED_COUNTERS, waits)
             if status.decode_steps is not None and status.decoded_rows is not None:
                 steps = {"decode_steps": status.decode_steps, "decoded_rows": status.decoded_rows}
                 yield from counters(PREFIX, BATCH_COUNTERS, steps)

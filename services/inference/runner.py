@@ -7,6 +7,9 @@ that routes each step's updates to the request that owns them.
                                   (one wake-up of the event loop delivers every step's updates
                                    posted since the last delivery ran)
 
+`apply_weights` returns once the engine lets go of the receiver's buffers: after the swap, or at
+once when the version waits behind pinned requests (the engine then holds a host copy of it).
+
 Closing a `generate` iterator early (client cancel, stream gone) aborts the request in the engine,
 which frees its cache row at the next step. A request the engine fails raises INTERNAL for that
 request only; a step that raises stops the engine for good: every request fails with UNAVAILABLE
@@ -48,6 +51,8 @@ class EngineRunner:
         """Set when the server follows a trainer; its counters are reported in `status()`."""
         self.on_failure: Callable[[Exception], Awaitable[None]] | None = None
         """Awaited, in the event loop, once the engine loop has died."""
+        self.on_swap: Callable[[float], None] | None = None
+        """Called, in the event loop, after each swap with how long it held up decoding."""
         self._queues: dict[str, asyncio.Queue[GenerationUpdate | Exception]] = {}
         self._failure: Exception | None = None
         self._version = engine.weight_version
@@ -111,21 +116,21 @@ class EngineRunner:
     async def apply_weights(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
     ) -> None:
-        """The receiver's `ApplyWeights`: stage a verified version and return once the engine has
-        swapped it in (between two decode steps), so the caller may reuse the buckets' memory."""
-        self.engine.stage_weights(bucketing.unpack(layout, buckets), version.version)
+        """The receiver's `ApplyWeights`: stage a verified version and return once the engine no
+        longer reads the buckets, so the caller may reuse their memory: after the swap (between two
+        decode steps), or at once while pinned requests are queued or running, the version then
+        waiting as a host copy until the last of them ends (`InferenceEngine.stage_weights`), so
+        that a receiver in a broadcast group never holds up the trainer's next broadcast."""
+        tensors = bucketing.unpack(layout, buckets)
+        # In a thread: behind pinned requests the engine copies the version here.
+        borrowed = await asyncio.to_thread(self.engine.stage_weights, tensors, version.version)
         self.run_id = version.run_id
         self._wake.set()
-        while self._failure is None and self._version < version.version:
+        while borrowed and self._failure is None and self._version < version.version:
             self._swapped.clear()
             await self._swapped.wait()
         if self._failure is not None:
             raise Unavailable(f"the engine failed: {self._failure}")
-
-    @property
-    def last_stall_s(self) -> float:
-        """How long the last weight swap held up the running sequences."""
-        return self.engine.stats().last_swap_s
 
     def status(self) -> InferenceStatus:
         stats = self.engine.stats()
@@ -140,10 +145,13 @@ class EngineRunner:
             model_info=self.model_info,
             decode_steps=stats.decode_steps,
             decoded_rows=stats.decoded_rows,
+            pinned_waits=stats.pinned_waits,
+            pinned_wait_s=stats.pinned_wait_s,
         )
 
     def _run(self) -> None:
         assert self._loop is not None
+        posted = self._version  # the version the event loop was last told of
         while not self._stopped.is_set():
             self._wake.wait()
             self._wake.clear()
@@ -157,8 +165,10 @@ class EngineRunner:
                     return
                 if updates:
                     self._post(updates)
-                if self.engine.weight_version != self._version:
-                    self._loop.call_soon_threadsafe(self._on_swapped, self.engine.weight_version)
+                if self.engine.weight_version != posted:
+                    posted = self.engine.weight_version
+                    stall_s = self.engine.stats().last_swap_s
+                    self._loop.call_soon_threadsafe(self._on_swapped, posted, stall_s)
                 if not self.engine.has_work:
                     break
 
@@ -170,9 +180,11 @@ class EngineRunner:
         if self.on_failure is not None:
             await self.on_failure(exc)
 
-    def _on_swapped(self, version: int) -> None:
+    def _on_swapped(self, version: int, stall_s: float) -> None:
         self._version = version
         self._swapped.set()
+        if self.on_swap is not None:
+            self.on_swap(stall_s)
 
     def _post(self, updates: list[GenerationUpdate]) -> None:
         """In the engine thread: queue a step's updates, and wake the event loop unless a delivery

@@ -19,9 +19,14 @@ from pipelinerl.common import convert, trace
 from pipelinerl.common.errors import InvalidArgument, PipelineError, ResourceExhausted, Unavailable
 from pipelinerl.common.log import bind_context, get_logger
 from pipelinerl.common.server import Registration
-from pipelinerl.common.status import item_status
 from pipelinerl.common.types import FinishReason, TokenSequence
-from pipelinerl.inference.convert import capacity_to_proto, completion_to_proto, status_to_proto
+from pipelinerl.inference.convert import (
+    capacity_to_proto,
+    completion_to_proto,
+    request_error_to_status,
+    request_from_proto,
+    status_to_proto,
+)
 from pipelinerl.inference.metrics import InferenceMetrics
 from pipelinerl.inference.types import Completion, GenerationRequest, InferenceBackend
 from pipelinerl.inference.v1 import inference_pb2 as pb
@@ -122,9 +127,8 @@ class _GenerateStream:
         try:
             request, ids = self._validate(msg, where), self._trace_ids(msg, where)
         except PipelineError as exc:
-            self._out.put_nowait(
-                pb.GenerateResponse(error=pb.RequestError(request_id=request_id, status=item_status(exc)))
-            )
+            error = pb.RequestError(request_id=request_id, status=request_error_to_status(exc))
+            self._out.put_nowait(pb.GenerateResponse(error=error))
             return
         task = asyncio.create_task(self._generate(request, ids, where))
         self._tasks[request_id] = task
@@ -150,8 +154,7 @@ class _GenerateStream:
                 f"{where}.prompt_token_ids", "set exactly one of prompt_token_ids and prompt_text"
             )
         prompt = list(msg.prompt_token_ids or self._tokenize(msg.prompt_text))
-        sampling = convert.sampling_from_proto(msg.sampling, f"{where}.sampling")
-        return GenerationRequest(msg.request_id, prompt, sampling, msg.stream_tokens)
+        return request_from_proto(msg, prompt, where)
 
     @staticmethod
     def _trace_ids(msg: pb.Submission, where: str) -> dict[str, str]:
@@ -185,16 +188,15 @@ class _GenerateStream:
         except PipelineError as exc:
             if isinstance(exc, InvalidArgument):  # the engine names fields of the Submission
                 exc = exc.under(where)
-            self._out.put_nowait(
-                pb.GenerateResponse(error=pb.RequestError(request_id=rid, status=item_status(exc)))
-            )
+            error = pb.RequestError(request_id=rid, status=request_error_to_status(exc))
+            self._out.put_nowait(pb.GenerateResponse(error=error))
         except asyncio.CancelledError:
             aborted = Completion(rid, request.prompt_token_ids, tokens, "", FinishReason.ABORT)
             self._complete(aborted)
             raise
         except Exception as exc:  # an engine bug must fail this request, not the stream
             log.exception("generation failed", request_id=rid)
-            error = item_status(PipelineError(f"internal error: {exc}"))
+            error = request_error_to_status(PipelineError(f"internal error: {exc}"))
             self._out.put_nowait(pb.GenerateResponse(error=pb.RequestError(request_id=rid, status=error)))
 
     def _complete(self, completion: Completion) -> None:

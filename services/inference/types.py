@@ -22,6 +22,10 @@ class GenerationRequest:
     sampling: SamplingParams
     stream_tokens: bool = False
     prompt_text: str = ""
+    weight_version: int | None = None
+    """Generate every token with exactly this weight version (`pipelinerl.inference.pinning`):
+    admitted only while the engine holds it, which then swaps in no other until the request ends.
+    None: any version."""
 
 
 @dataclass
@@ -91,6 +95,11 @@ class InferenceStatus:
     """Decode forwards since the engine started; None where the engine does not count them (vLLM)."""
     decoded_rows: int | None = None
     """Running sequences summed over those forwards (per step: the batch occupancy)."""
+    pinned_waits: int | None = None
+    """Received versions that waited, staged, behind pinned requests; None where not known (a
+    status read over gRPC, which does not carry it)."""
+    pinned_wait_s: float | None = None
+    """Seconds they waited, the current wait included."""
 
 
 class InferenceBackend(Protocol):

@@ -27,6 +27,8 @@ def check_request(
     and tokenizer. Whether the request id is already in use is the engine's own check."""
     if not request.request_id:
         raise InvalidArgument.field("request_id", "must not be empty")
+    if request.weight_version is not None and request.weight_version < 0:
+        raise InvalidArgument.field("weight_version", f"{request.weight_version} is negative")
     prompt = request.prompt_token_ids
     if not prompt:
         raise InvalidArgument.field("prompt_token_ids", "must not be empty")

@@ -23,6 +23,15 @@ does a request waiting in vLLM's queue for a row (`queue_ahead`): it may take it
 from the version it arrived under. Resetting the prefix cache instead would preempt running
 requests (`reset_prefix_cache(reset_running_requests=True)`), which is what we avoid.
 
+Pinned requests (`GenerationRequest.weight_version`), as in the built-in engine: one is admitted
+only at the version held, under the lock every update holds, so never half-way through one. While
+one runs, `apply_weights` makes its usual copy of the buckets (the bytes its workers load), keeps
+it (a newer version replaces it), and returns at once, so that the receiver, and through it the
+trainer's next broadcast, is never held up; the version is loaded when the last pinned request
+ends. Costs: one host copy of a version in this process while it waits, and its workers' checks
+run only when it is loaded, so a refusal then reaches no caller: it is logged, counted in
+`failed_weight_updates`, and the old version stays until the next one.
+
 Weight versions: vLLM's engine core stamps each step's outputs with the version set by
 `update_weight_version`, and the final output of a request lists spans of output tokens per
 version; the final update's versions come from those spans, so they are exact. Streamed deltas
@@ -38,7 +47,8 @@ import asyncio
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +59,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.model_info import describe_model
+from pipelinerl.inference.pinning import PinnedWaits, check_pinned
 from pipelinerl.inference.sequence import eos_token_ids
 from pipelinerl.inference.stop import completion_text
 from pipelinerl.inference.types import (
@@ -60,7 +71,7 @@ from pipelinerl.inference.types import (
     tokens_from,
 )
 from pipelinerl.inference.validation import check_request
-from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, layout_to_wire
+from pipelinerl.inference.vllm_worker import EXTENSION_CLASS, WireLayout, layout_to_wire
 from pipelinerl.weights.types import WeightLayout
 
 # vLLM lives in its own virtualenv (`make vllm-env`) and the type checker runs in the main one:
@@ -75,6 +86,15 @@ log = get_logger(__name__)
 
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 _RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """A version received while pinned requests run, as the bytes its workers will load."""
+
+    version: WeightVersion
+    wire: WireLayout
+    data: list[bytes]
 
 
 class VllmBackend:
@@ -98,11 +118,23 @@ class VllmBackend:
         """Set when the server follows a trainer; its counters are reported in `status()`."""
         self.last_stall_s = 0.0
         """Pause-to-resume time of the last update: what running requests waited."""
+        self.on_swap: Callable[[float], None] | None = None
+        """Called after each update with its `last_stall_s`."""
         self._limits = limits
         self._ignore_eos = ignore_eos
         self._version = weight_version
         self._salt_version = weight_version  # the version new requests will be scheduled under
         self._update_lock = asyncio.Lock()
+        """Held through each update and each pinned request's admission."""
+        self._pinned = 0
+        """Pinned requests admitted and not finished."""
+        self._waiting: _Waiting | None = None
+        """Received while pinned requests run; loaded once none is left."""
+        self._pinned_waits = PinnedWaits()
+        self._deferred: set[asyncio.Task[None]] = set()
+        """Loads of a waiting version, started as the last pinned request ended."""
+        self._deferred_failures = 0
+        """Waiting versions the workers refused when loaded: no caller saw those refusals."""
         self._live: set[str] = set()
         self._recent: deque[tuple[float, int]] = deque()
         self.model_info = model_info
@@ -157,6 +189,8 @@ class VllmBackend:
         return backend
 
     async def stop(self) -> None:
+        for task in self._deferred:
+            task.cancel()
         self.llm.shutdown()
 
     # ---- InferenceBackend ---------------------------------------------------------------------
@@ -175,7 +209,11 @@ class VllmBackend:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
-        self._check(request)
+        pinned = request.weight_version is not None
+        if pinned:
+            await self._pin(request)
+        else:
+            self._check(request)
         request_id = request.request_id
         self._live.add(request_id)
         tokens = TokenSequence()
@@ -213,8 +251,12 @@ class VllmBackend:
             raise InvalidArgument(str(exc)) from exc
         finally:
             self._live.discard(request_id)
-            if not finished:  # the caller went away: free the request's cache in vLLM now
-                await self.llm.abort(request_id)
+            try:
+                if not finished:  # the caller went away: free the request's cache in vLLM now
+                    await self.llm.abort(request_id)
+            finally:
+                if pinned:
+                    self._unpin()
 
     def status(self) -> InferenceStatus:
         running = self.llm.output_processor.get_num_unfinished_requests()
@@ -224,11 +266,13 @@ class VllmBackend:
             queued=0,  # vLLM's scheduler does not expose its waiting queue to the front end
             tokens_per_s=self._tokens_per_s(),
             weight_updates=self.receiver.stats.updates if self.receiver else 0,
-            failed_weight_updates=self.receiver.stats.failed_updates
+            failed_weight_updates=self.receiver.stats.failed_updates + self._deferred_failures
             if self.receiver
             else self._failed_updates,
             engine="vllm",
             model_info=self.model_info,
+            pinned_waits=self._pinned_waits.versions,
+            pinned_wait_s=self._pinned_waits.seconds,
         )
 
     # ---- weight updates -----------------------------------------------------------------------
@@ -237,37 +281,87 @@ class VllmBackend:
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
     ) -> None:
         """Load one version given as byte buckets and their layout (the receiver's `ApplyWeights`);
-        returns once every worker holds it. The buckets cross into vLLM's engine process as bytes,
-        as they are, and every worker checks them again before using them.
+        returns once every worker holds it, or at once while pinned requests run (the version then
+        waits; see the module doc). The buckets cross into vLLM's engine process as bytes, as they
+        are, and every worker checks them again before using them.
 
         Raises FailedPrecondition, and keeps serving the old version, if the version is not newer
         or any worker refuses it (bad checksum, unknown tensor, wrong shape)."""
+        # Copies: the caller may reuse the buckets as soon as this returns, even if the version waits.
+        wire = layout_to_wire(layout)
+        data = [bucket.numpy().tobytes() for bucket in buckets]
         async with self._update_lock:
-            if version.version <= self._version and version.run_id == self.run_id:
+            newest = self._waiting.version if self._waiting else WeightVersion(self._version, self.run_id)
+            if version.version <= newest.version and version.run_id == newest.run_id:
                 raise FailedPrecondition(
-                    f"weight version {version.version} is not newer than {self._version}"
+                    f"weight version {version.version} is not newer than {newest.version}"
                 )
-            wire = layout_to_wire(layout)
-            data = [bucket.numpy().tobytes() for bucket in buckets]
-            started = time.perf_counter()
-            # Requests arriving from here on are first scheduled after resume, on the new weights.
-            self._salt_version = version.version
-            await self.llm.pause_generation(mode="keep", clear_cache=False)
-            try:
-                await self.llm.collective_rpc("pipelinerl_apply_weights", args=(version.version, wire, data))
-                await self.llm.update_weight_version(str(version.version))
-                self._version = version.version
-                self.run_id = version.run_id
-            except Exception as exc:  # a worker refused the version; it left the model untouched
-                self._salt_version = self._version
-                self._failed_updates += 1
-                log.error("vLLM refused a weight version; keeping the old one",
-                          version=version.version, error=str(exc))  # fmt: skip
-                raise FailedPrecondition(f"weight version {version.version} refused: {exc}") from exc
-            finally:
-                await self.llm.resume_generation()
-                self.last_stall_s = time.perf_counter() - started
+            if self._pinned:
+                self._waiting = _Waiting(version, wire, data)
+                self._pinned_waits.began()
+                log.info("weights staged behind pinned requests", weight_version=version.version,
+                         held_version=self._version, pinned=self._pinned,
+                         copied_bytes=sum(map(len, data)))  # fmt: skip
+                return
+            self._waiting = None  # an older one whose load has not started: this one supersedes it
+            await self._load(version, wire, data)
+
+    async def _load(self, version: WeightVersion, wire: WireLayout, data: list[bytes]) -> None:
+        """Under the update lock: pause, load `version` into every worker, resume."""
+        started = time.perf_counter()
+        # Requests arriving from here on are first scheduled after resume, on the new weights.
+        self._salt_version = version.version
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.llm.collective_rpc("pipelinerl_apply_weights", args=(version.version, wire, data))
+            await self.llm.update_weight_version(str(version.version))
+            self._version = version.version
+            self.run_id = version.run_id
+        except Exception as exc:  # a worker refused the version; it left the model untouched
+            self._salt_version = self._version
+            self._failed_updates += 1
+            log.error("vLLM refused a weight version; keeping the old one",
+                      version=version.version, error=str(exc))  # fmt: skip
+            raise FailedPrecondition(f"weight version {version.version} refused: {exc}") from exc
+        finally:
+            await self.llm.resume_generation()
+            self.last_stall_s = time.perf_counter() - started
         log.info("weights swapped", weight_version=version.version, stall_s=round(self.last_stall_s, 4))
+        if self.on_swap is not None:
+            self.on_swap(self.last_stall_s)
+
+    async def _pin(self, request: GenerationRequest) -> None:
+        """Admit a pinned request: under the update lock, so the version it is checked against is
+        the one every token it gets will carry."""
+        async with self._update_lock:
+            await self._load_waiting()  # one left waiting by the last pinned request goes first
+            check_pinned(request.weight_version, self._version)
+            self._check(request)
+            self._pinned += 1
+
+    def _unpin(self) -> None:
+        self._pinned -= 1
+        if self._pinned or self._waiting is None:
+            return
+        self._pinned_waits.ended()
+        task = asyncio.create_task(self._load_waiting_locked())
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
+
+    async def _load_waiting_locked(self) -> None:
+        async with self._update_lock:
+            await self._load_waiting()
+
+    async def _load_waiting(self) -> None:
+        """Under the update lock: load the version that waited, once no pinned request is left."""
+        waiting = self._waiting
+        if self._pinned or waiting is None:
+            return
+        self._waiting = None
+        try:
+            await self._load(waiting.version, waiting.wire, waiting.data)
+        except FailedPrecondition:  # logged; the receiver took it for applied when it was staged
+            self._deferred_failures += 1
 
     async def worker_versions(self) -> list[int | None]:
         """The version each vLLM worker last loaded (None: the checkpoint it started from)."""

