@@ -154,14 +154,15 @@ class InferencePool:
         await self._refresh_servers()
         return {s.address: s.version for s in self._servers.values() if self._pinned(s.address)}
 
-    def _spare_fraction(self, server: _Server) -> float:
+    def _spare_fraction(self, server: _Server, gated: bool = True) -> float:
         """Free share of `server`'s window; -1 when it may take nothing."""
-        free = self._free(server)
+        free = self._free(server, gated)
         return free / max(server.session.window, 1) if server.session is not None and free > 0 else -1.0
 
-    def _free(self, server: _Server) -> int:
-        """Requests `server` may take now: none while it leaves, is away, or lags the trainer."""
-        if server.session is None or server.leaving or not self._gate.admits(server.version):
+    def _free(self, server: _Server, gated: bool = True) -> int:
+        """Requests `server` may take now: none while it leaves, is away, or (`gated`) lags the
+        trainer."""
+        if server.session is None or server.leaving or (gated and not self._gate.admits(server.version)):
             return 0
         return server.session.window - server.in_flight
 
@@ -182,8 +183,12 @@ class InferencePool:
         """Run `request` on the least-loaded server with room, or on `prefer` (an episode's server,
         waiting for room there) while that one is a connected member; run again, on whichever
         server has room then, if its server goes away, is busy or aborts it."""
+        # A request pinned to a version (an evaluation's) is trained on never: no lag gate for it,
+        # or a server that holds a version for an evaluation past the trainer's max_lag would starve
+        # the rest of that very evaluation.
+        gated = request.weight_version is None
         while True:
-            server, session = await self._reserve(prefer)
+            server, session = await self._reserve(prefer, gated)
             try:
                 completion = await session.generate(request)
                 if completion.tokens.versions:  # its last token's: the server's version now
@@ -228,23 +233,24 @@ class InferencePool:
         server = self._servers.get(address) if address else None
         return server if server is not None and server.session is not None and not server.leaving else None
 
-    def _ready(self, prefer: str) -> bool:
+    def _ready(self, prefer: str, gated: bool) -> bool:
         pinned = self._pinned(prefer)
         if pinned is not None:
-            return self._free(pinned) > 0
-        return any(self._free(s) > 0 for s in self._servers.values())
+            return self._free(pinned, gated) > 0
+        return any(self._free(s, gated) > 0 for s in self._servers.values())
 
-    async def _reserve(self, prefer: str = "") -> tuple[_Server, GenerateSession]:
+    async def _reserve(self, prefer: str = "", gated: bool = True) -> tuple[_Server, GenerateSession]:
         async with self._changed:
             self._pinned_waiters += bool(prefer)
             try:
-                await self._changed.wait_for(partial(self._ready, prefer))
+                await self._changed.wait_for(partial(self._ready, prefer, gated))
             except asyncio.CancelledError:
                 self._changed.notify(1)  # pass on the wakeup this waiter may have been given
                 raise
             finally:
                 self._pinned_waiters -= bool(prefer)
-            server = self._pinned(prefer) or max(self._servers.values(), key=self._spare_fraction)
+            spare = partial(self._spare_fraction, gated=gated)
+            server = self._pinned(prefer) or max(self._servers.values(), key=spare)
             assert server.session is not None
             server.in_flight += 1
             return server, server.session

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipelinerl.common.channel import ChannelConfig, free_port
 from pipelinerl.common.types import FinishReason, SamplingParams
+from pipelinerl.coordinator.lag_gate import StreamState
 from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.inference.types import Completion, GenerationRequest
 from tests.integration.processes import server_process
@@ -88,3 +89,27 @@ async def test_an_episode_stays_on_its_server_and_moves_once_that_server_leaves(
             pool.generate(GenerationRequest("after", [1], sampling), prefer=pinned), 30
         )
         assert server == addresses[1]
+
+
+async def test_an_evaluation_request_passes_the_lag_gate_that_holds_training_requests(tmp_path: Path) -> None:
+    """A request pinned to a version (an evaluation's) is never trained on: a server the trainer has
+    left behind still takes it, while a training request waits for a server within the max lag."""
+    port = free_port()
+    sampling = SamplingParams(max_new_tokens=TOKENS)
+    async with server_process("fake_inference_server.py", tmp_path, "64", "128", str(port)):
+        address = f"127.0.0.1:{port}"
+        pool = InferencePool(ChannelConfig, [address])
+        await pool.start()
+        try:
+            await pool.limits(30)
+            pool.follow(StreamState(version=1000, resumed=-1, retraining=False))  # version 0 lags far
+            training = asyncio.create_task(pool.generate(GenerationRequest("train", [1], sampling)))
+            evaluation = GenerationRequest("eval", [1], sampling, weight_version=0)
+            served, completion = await asyncio.wait_for(pool.generate(evaluation, prefer=address), 30)
+            assert served == address and len(completion.tokens) == TOKENS
+            await asyncio.sleep(0.5)
+            assert not training.done(), "a training request went to a server the lag gate holds"
+            training.cancel()
+            await asyncio.gather(training, return_exceptions=True)
+        finally:
+            await pool.close()
