@@ -476,7 +476,8 @@ export type RequestError = Message<"pipelinerl.inference.v1.RequestError"> & {
 
   /**
    * Why: INVALID_ARGUMENT (with google.rpc.BadRequest field violations), RESOURCE_EXHAUSTED
-   * (over capacity), INTERNAL.
+   * (over capacity), FAILED_PRECONDITION (a `weight_version` the server does not hold, with a
+   * google.rpc.ErrorInfo naming the one it holds), INTERNAL.
    *
    * @generated from field: google.rpc.Status status = 2;
    */
