@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 
 from pipelinerl.common.errors import ErrorInfo, FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.types import FinishReason, Sample, TokenSequence, WeightVersion
-from pipelinerl.coordinator.types import Progress, RunInfo, RunSpec, RunState
+from pipelinerl.coordinator.types import (
+    EvaluationResult,
+    EvaluationSpec,
+    Progress,
+    RunInfo,
+    RunSpec,
+    RunState,
+)
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, InferenceStatus, Limits, ModelInfo
 from pipelinerl.reward.types import (
     ScoreItem,
@@ -170,6 +177,7 @@ class FakeTrainer:
 class FakeCoordinator:
     def __init__(self) -> None:
         self.runs: dict[str, RunInfo] = {}
+        self.evaluated: list[EvaluationSpec] = []
 
     async def start_run(self, run_id: str, spec: RunSpec) -> RunInfo:
         run = RunInfo(run_id, spec, RunState.RUNNING, Progress(), datetime(2026, 1, 1, tzinfo=UTC))
@@ -184,6 +192,13 @@ class FakeCoordinator:
         run = self.get_run(run_id)
         self.runs[run_id] = RunInfo(run.run_id, run.spec, RunState.STOPPED, run.progress, run.started_at)
         return self.runs[run_id]
+
+    async def evaluate(self, spec: EvaluationSpec) -> EvaluationResult:
+        """The same figures for any set: one problem at version 5."""
+        self.evaluated.append(spec)
+        finished = datetime(2026, 1, 1, tzinfo=UTC)
+        k = spec.samples_per_problem
+        return EvaluationResult(spec.dataset, 5, 1, k, 0.5, 0.5, 0.75, 3.0, 0.25, finished, 1.5, "fake:1")
 
     async def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
         for trained in (1, 2):

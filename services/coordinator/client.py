@@ -1,4 +1,4 @@
-"""Typed asyncio client of the coordinator, used by `pipelinerl run` and the tests."""
+"""Typed asyncio client of the coordinator, used by `pipelinerl run`, `pipelinerl eval` and the tests."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ from collections.abc import AsyncIterator
 
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.status import domain_errors
-from pipelinerl.coordinator.convert import run_from_proto, spec_to_proto
-from pipelinerl.coordinator.types import RunInfo, RunSpec
+from pipelinerl.coordinator.convert import (
+    evaluation_result_from_proto,
+    evaluation_to_proto,
+    run_from_proto,
+    spec_to_proto,
+)
+from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, RunInfo, RunSpec
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.coordinator.v1 import coordinator_pb2_grpc
 
@@ -33,6 +38,13 @@ class CoordinatorClient(ServiceClient):
         with domain_errors():
             response = await self._stub.StopRun(pb.StopRunRequest(run_id=run_id), timeout=timeout_s)
         return run_from_proto(response.run)
+
+    async def evaluate(self, spec: EvaluationSpec, timeout_s: float | None = None) -> EvaluationResult:
+        """`spec`'s set evaluated once on the coordinator's inference servers (Evaluate)."""
+        request = pb.EvaluateRequest(evaluation=evaluation_to_proto(spec))
+        with domain_errors():
+            response = await self._stub.Evaluate(request, timeout=timeout_s)
+        return evaluation_result_from_proto(response.result)
 
     async def register_inference_server(
         self, address: str, leaving: bool = False, timeout_s: float | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from datetime import UTC
+from datetime import UTC, datetime
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -59,13 +59,13 @@ def spec_to_proto(spec: RunSpec) -> pb.RunSpec:
         seed=spec.seed,
         environment=spec.environment,
         max_turns=spec.max_turns,
-        evaluations=[_evaluation_to_proto(e) for e in spec.evaluations],
+        evaluations=[evaluation_to_proto(e) for e in spec.evaluations],
         epochs=spec.epochs,
         eval_split=spec.eval_split,
     )
 
 
-def _evaluation_to_proto(spec: EvaluationSpec) -> pb.EvaluationSpec:
+def evaluation_to_proto(spec: EvaluationSpec) -> pb.EvaluationSpec:
     return pb.EvaluationSpec(
         dataset=spec.dataset,
         every_versions=spec.every_versions,
@@ -75,12 +75,15 @@ def _evaluation_to_proto(spec: EvaluationSpec) -> pb.EvaluationSpec:
     )
 
 
-def _evaluation_from_proto(
-    msg: pb.EvaluationSpec, field: str, run_sampling: common_pb.SamplingParams
+def evaluation_from_proto(
+    msg: pb.EvaluationSpec, field: str = "evaluation", run_sampling: common_pb.SamplingParams | None = None
 ) -> EvaluationSpec:
+    """The set of a run (`run_sampling`: the run's, whose `max_new_tokens` stands in for an unset
+    one), or, without `run_sampling`, one evaluated once (Evaluate): its `every_versions` means
+    nothing there, and its `max_new_tokens` has no run's to fall back on."""
     checks = [
         (bool(msg.dataset), "dataset", "must name a set"),
-        (msg.every_versions >= 1, "every_versions", "must be at least 1"),
+        (run_sampling is None or msg.every_versions >= 1, "every_versions", "must be at least 1"),
         (msg.samples_per_problem >= 1, "samples_per_problem", "must be at least 1"),
         (
             msg.samples_per_problem <= MAX_GROUP_SIZE,
@@ -94,7 +97,8 @@ def _evaluation_from_proto(
             raise InvalidArgument.field(f"{field}.{name}", why)
     sampling = common_pb.SamplingParams()
     sampling.CopyFrom(msg.sampling)
-    sampling.max_new_tokens = sampling.max_new_tokens or run_sampling.max_new_tokens
+    if run_sampling is not None:
+        sampling.max_new_tokens = sampling.max_new_tokens or run_sampling.max_new_tokens
     return EvaluationSpec(
         dataset=msg.dataset,
         every_versions=msg.every_versions,
@@ -136,7 +140,7 @@ def spec_from_proto(msg: pb.RunSpec, field: str = "spec") -> RunSpec:
         environment=msg.environment,
         max_turns=msg.max_turns,
         evaluations=tuple(
-            _evaluation_from_proto(e, f"{field}.evaluations[{i}]", msg.sampling)
+            evaluation_from_proto(e, f"{field}.evaluations[{i}]", msg.sampling)
             for i, e in enumerate(msg.evaluations)
         ),
         epochs=max(msg.epochs, 1),
@@ -216,9 +220,16 @@ def evaluation_result_from_proto(msg: pb.EvaluationResult) -> EvaluationResult:
     plain = {f.name for f in dataclasses.fields(EvaluationResult)} - {"finished_at", "duration_s"}
     return EvaluationResult(
         **{name: getattr(msg, name) for name in plain},
-        finished_at=msg.finished_at.ToDatetime(tzinfo=UTC),
+        finished_at=_datetime_from_proto(msg.finished_at, "finished_at"),
         duration_s=msg.duration.ToNanoseconds() / 1e9,
     )
+
+
+def _datetime_from_proto(msg: timestamp_pb2.Timestamp, field: str) -> datetime:
+    try:
+        return msg.ToDatetime(tzinfo=UTC)
+    except ValueError as exc:  # outside the years 1 to 9999
+        raise InvalidArgument.field(field, str(exc)) from exc
 
 
 def run_from_proto(msg: pb.Run) -> RunInfo:
@@ -227,7 +238,7 @@ def run_from_proto(msg: pb.Run) -> RunInfo:
         spec=spec_from_proto(msg.spec),
         state=_STATE_NAMES[msg.state],
         progress=progress_from_proto(msg.progress),
-        started_at=msg.started_at.ToDatetime(tzinfo=UTC),
+        started_at=_datetime_from_proto(msg.started_at, "started_at"),
         error=msg.error,
         evaluations=tuple(evaluation_result_from_proto(e) for e in msg.evaluations),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from functools import partial
@@ -23,7 +24,7 @@ from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.datasets import evaluation_problems, open_problems
 from pipelinerl.coordinator.episode import EpisodeDriver
 from pipelinerl.coordinator.eval_schedule import EvaluationSchedule
-from pipelinerl.coordinator.evaluation import Evaluator
+from pipelinerl.coordinator.evaluation import Evaluator, check_servable, problems_outside_a_run
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.pool import InferencePool, ServerLimits
@@ -31,7 +32,7 @@ from pipelinerl.coordinator.replicas import ReplicaPool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.tasks import Problem
-from pipelinerl.coordinator.types import EvaluationSpec, Mode, RunInfo, RunSpec, RunState
+from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, Mode, RunInfo, RunSpec, RunState
 from pipelinerl.environment.client import EnvironmentClient
 
 log = get_logger(__name__)
@@ -220,11 +221,7 @@ class Coordinator:
                     f"{field}.dataset",
                     f"{name!r} is not this run's environment ({spec.environment or 'none'})",
                 )
-            if (tokens := evaluation.sampling.max_new_tokens) > limits.max_new_tokens:
-                raise InvalidArgument.field(
-                    f"{field}.sampling.max_new_tokens",
-                    f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
-                )
+            check_servable(evaluation, limits, field)
             problems = evaluation_problems(
                 evaluation.dataset,
                 run_dataset=spec.dataset,
@@ -254,6 +251,16 @@ class Coordinator:
 
     def get_run(self, run_id: str) -> RunInfo:
         return self._info(self._run(run_id))
+
+    async def evaluate(self, spec: EvaluationSpec) -> EvaluationResult:
+        """`spec`'s set evaluated once, outside any run, on the inference servers at the newest
+        version one of them holds; nothing journaled. Its request ids are its own, so it may run beside
+        runs and other evaluations."""
+        problems = problems_outside_a_run(spec, self._tokenizer)
+        evaluator = Evaluator(self._pool, self._reward)
+        return await evaluator.evaluate_once(
+            spec, problems, f"evaluate-{uuid.uuid4().hex[:8]}", LIMITS_TIMEOUT_S
+        )
 
     def runs(self) -> list[RunInfo]:
         """Every run this coordinator has started or resumed since it began."""

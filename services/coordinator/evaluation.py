@@ -5,6 +5,9 @@
     one finishes) ─► scored by the reward service (or played and scored by the environment)
     ─► EvaluationResult: mean reward, pass@1, unbiased pass@k, length, truncations
 
+The same evaluation runs outside any run (`evaluate_once`: the Evaluate RPC and `pipelinerl eval`),
+on whatever servers the pool holds, at the newest version one of them holds.
+
 An evaluation is whole or absent: a server that moved past v before taking the first request
 refuses them all (FAILED_PRECONDITION), and one that leaves takes its requests with it; either way
 the evaluation is abandoned and tried again, whole, at the version a server holds then
@@ -21,12 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pipelinerl.common.errors import FailedPrecondition, PipelineError, Unavailable
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason
-from pipelinerl.coordinator.datasets import ENVIRONMENT
+from pipelinerl.coordinator.datasets import ENVIRONMENT, evaluation_problems
 from pipelinerl.coordinator.episode import EpisodeDriver
-from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.pool import InferencePool, ServerLimits
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.tasks import Problem
 from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec
@@ -49,6 +52,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def check_servable(spec: EvaluationSpec, limits: ServerLimits, field: str) -> None:
+    """InvalidArgument on `<field>.sampling.max_new_tokens` when the servers would refuse it."""
+    if (tokens := spec.sampling.max_new_tokens) > limits.max_new_tokens:
+        raise InvalidArgument.field(
+            f"{field}.sampling.max_new_tokens",
+            f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
+        )
+
+
+def problems_outside_a_run(spec: EvaluationSpec, tokenizer: str | None) -> list[Problem]:
+    """The problems of a set evaluated outside any run: a built-in task's held-out ones, every
+    row of a file (no run holds any of it out); InvalidArgument when the set cannot be read."""
+    return evaluation_problems(
+        spec.dataset, run_dataset="", seed=0, eval_split=0.0, tokenizer=tokenizer, limit=spec.max_problems
+    )
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,15 @@ class Evaluator:
                      seconds=round(result.duration_s, 2))  # fmt: skip
             return result
         raise FailedPrecondition(f"{spec.dataset}: {MAX_TRIES} evaluations in a row were abandoned")
+
+    async def evaluate_once(
+        self, spec: EvaluationSpec, problems: Sequence[Problem], label: str, connect_timeout_s: float
+    ) -> EvaluationResult:
+        """`problems` (`problems_outside_a_run`) evaluated outside any run, at the newest version
+        a server holds: Unavailable when no inference server connects within `connect_timeout_s`,
+        InvalidArgument on `evaluation` when they would refuse its sampling."""
+        check_servable(spec, await self._pool.limits(connect_timeout_s), "evaluation")
+        return await self.evaluate(spec, problems, label=label)
 
     async def _server_at(self, at_least: int) -> tuple[str, int]:
         """(address, version) of the connected server with the newest version, once it is

@@ -10,7 +10,13 @@ import grpc
 
 from pipelinerl.common.errors import FailedPrecondition
 from pipelinerl.common.server import Registration
-from pipelinerl.coordinator.convert import run_id_from_proto, run_to_proto, spec_from_proto
+from pipelinerl.coordinator.convert import (
+    evaluation_from_proto,
+    evaluation_result_to_proto,
+    run_id_from_proto,
+    run_to_proto,
+    spec_from_proto,
+)
 from pipelinerl.coordinator.membership import Membership
 from pipelinerl.coordinator.types import CoordinatorCore
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
@@ -44,6 +50,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     ) -> AsyncIterator[pb.WatchRunResponse]:
         async for run in self._core.watch_run(run_id_from_proto(request.run_id)):
             yield pb.WatchRunResponse(run=run_to_proto(run))
+
+    async def Evaluate(
+        self, request: pb.EvaluateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EvaluateResponse:
+        result = await self._core.evaluate(evaluation_from_proto(request.evaluation))
+        return pb.EvaluateResponse(result=evaluation_result_to_proto(result))
 
     async def RegisterInferenceServer(
         self, request: pb.RegisterInferenceServerRequest, context: grpc.aio.ServicerContext

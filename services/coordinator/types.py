@@ -163,6 +163,11 @@ class CoordinatorCore(Protocol):
 
     async def stop_run(self, run_id: str) -> RunInfo: ...
 
+    async def evaluate(self, spec: EvaluationSpec) -> EvaluationResult:
+        """`spec`'s set evaluated once outside any run (`every_versions` ignored), at the newest
+        version an inference server holds; nothing trained or journaled."""
+        ...
+
     def watch_run(self, run_id: str) -> AsyncIterator[RunInfo]:
         """The run at once, at each change of its state and about once a second between; the
         last message is the run's final state, however slowly the watcher reads."""

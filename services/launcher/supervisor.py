@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from grpc_health.v1 import health_pb2_grpc
 
@@ -29,6 +30,8 @@ from pipelinerl.launcher.config import RestartPolicy
 from pipelinerl.launcher.processes import ServiceProcess
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 CHECK_TIMEOUT_S = 2.0
 
@@ -70,6 +73,21 @@ class Supervisor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def supervised(self, work: Awaitable[T]) -> T:
+        """`work`'s result, the services watched meanwhile; ServiceFailed (and `work` cancelled) as
+        soon as one has died too often. Nothing is restarted once `work` is done or failing."""
+        working = asyncio.ensure_future(work)
+        watching = asyncio.ensure_future(self.watch())
+        try:
+            await asyncio.wait([working, watching], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watching, working):
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if working.cancelled():  # the watch gave up on a service
+            watching.result()  # raises its ServiceFailed
+        return working.result()
 
     def _current(self, name: str) -> ServiceProcess:
         return next(p for p in self._processes if p.name == name)

@@ -120,10 +120,7 @@ class CheckpointDir:
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
-        for candidate in (self.root / LATEST, self.root / f"{LATEST}.previous"):
-            if candidate.is_dir():  # follows the link
-                return candidate.resolve()
-        return None
+        return latest_checkpoint(self.root)
 
     def stage(self, version: int) -> Path:
         """An empty folder to write the checkpoint of `version` into; `commit` makes it the latest."""
@@ -197,6 +194,15 @@ class CheckpointDir:
                 shutil.rmtree(path, ignore_errors=True)
         if (self.root / LATEST).is_symlink():
             shutil.rmtree(self.root / f"{LATEST}.previous", ignore_errors=True)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint in the folder `root`, or None; reads, never writes (a
+    checkpoint is an HF model directory: `pipelinerl eval` evaluates it as one)."""
+    for candidate in (root / LATEST, root / f"{LATEST}.previous"):
+        if candidate.is_dir():  # follows the link
+            return candidate.resolve()
+    return None
 
 
 def _name(version: int) -> str:

@@ -110,6 +110,8 @@ CONVERTERS: list[tuple[type[Message], Callable[[Any], object]]] = [
     (coordinator_pb2.GetRunRequest, lambda msg: coordinator_convert.run_id_from_proto(msg.run_id)),
     (coordinator_pb2.Run, coordinator_convert.run_from_proto),
     (coordinator_pb2.Progress, coordinator_convert.progress_from_proto),
+    (coordinator_pb2.EvaluationSpec, coordinator_convert.evaluation_from_proto),
+    (coordinator_pb2.EvaluationResult, coordinator_convert.evaluation_result_from_proto),
     (reward_pb2.ScoreItem, reward_convert.item_from_proto),
     (reward_pb2.ScoreResult, reward_convert.result_from_proto),
     (reward_pb2.GetStatusResponse, reward_convert.stats_from_proto),

@@ -249,3 +249,15 @@ class RegisterInferenceServerResponse(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     lease: _duration_pb2.Duration
     def __init__(self, lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class EvaluateRequest(_message.Message):
+    __slots__ = ("evaluation",)
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    evaluation: EvaluationSpec
+    def __init__(self, evaluation: _Optional[_Union[EvaluationSpec, _Mapping]] = ...) -> None: ...
+
+class EvaluateResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: EvaluationResult
+    def __init__(self, result: _Optional[_Union[EvaluationResult, _Mapping]] = ...) -> None: ...

@@ -60,6 +60,11 @@ class CoordinatorServiceStub:
                 request_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.SerializeToString,
                 response_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.FromString,
                 _registered_method=True)
+        self.Evaluate = channel.unary_unary(
+                '/pipelinerl.coordinator.v1.CoordinatorService/Evaluate',
+                request_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateRequest.SerializeToString,
+                response_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -109,6 +114,18 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evaluate(self, request, context):
+        """Evaluates one set once, outside any run: on the coordinator's inference servers, at the newest
+        weight version one of them holds (every token of the set by that version), scored by its
+        reward service. Nothing is trained or journaled. INVALID_ARGUMENT for a set that cannot be
+        read or a sampling the servers refuse; FAILED_PRECONDITION when the servers keep moving to
+        newer versions before an evaluation is whole, or for an `environment:` set (its episodes are
+        evaluated during its run only); UNAVAILABLE when no inference server connects.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +153,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.RegisterInferenceServer,
                     request_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.FromString,
                     response_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.SerializeToString,
+            ),
+            'Evaluate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evaluate,
+                    request_deserializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateRequest.FromString,
+                    response_serializer=pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +296,33 @@ class CoordinatorService:
             '/pipelinerl.coordinator.v1.CoordinatorService/RegisterInferenceServer',
             pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerRequest.SerializeToString,
             pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterInferenceServerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evaluate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pipelinerl.coordinator.v1.CoordinatorService/Evaluate',
+            pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateRequest.SerializeToString,
+            pipelinerl_dot_coordinator_dot_v1_dot_coordinator__pb2.EvaluateResponse.FromString,
             options,
             channel_credentials,
             insecure,
