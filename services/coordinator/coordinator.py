@@ -229,6 +229,7 @@ class Coordinator:
                 eval_split=spec.eval_split,
                 tokenizer=self._tokenizer,
                 limit=evaluation.max_problems,
+                field=f"{field}.dataset",
             )
             sets.append((evaluation, problems))
         return sets

@@ -79,12 +79,18 @@ def held_out_episode_seeds(limit: int) -> list[int]:
 
 
 def evaluation_problems(
-    name: str, *, run_dataset: str, seed: int, eval_split: float, tokenizer: str | None, limit: int
+    name: str,
+    *,
+    run_dataset: str,
+    seed: int,
+    eval_split: float,
+    tokenizer: str | None,
+    limit: int,
+    field: str = "spec.evaluations",
 ) -> list[Problem]:
     """The problems of the evaluation set `name` (`EvaluationSpec.dataset`), the first `limit` of
-    them (0: every row of a file, ENDLESS_LIMIT of an endless set); InvalidArgument on
-    `spec.evaluations` when the name does not resolve or the set is empty."""
-    field = "spec.evaluations"
+    them (0: every row of a file, ENDLESS_LIMIT of an endless set); InvalidArgument on `field`
+    when the name does not resolve or the set is empty."""
     if name.startswith("builtin:"):
         task, size = parse_builtin(name, field)
         return held_out_problems(task, size, limit or ENDLESS_LIMIT)

@@ -67,8 +67,9 @@ def problems_outside_a_run(spec: EvaluationSpec, tokenizer: str | None) -> list[
     """The problems of a set evaluated outside any run: a built-in task's held-out ones, every
     row of a file (no run holds any of it out); InvalidArgument when the set cannot be read."""
     return evaluation_problems(
-        spec.dataset, run_dataset="", seed=0, eval_split=0.0, tokenizer=tokenizer, limit=spec.max_problems
-    )
+        spec.dataset, run_dataset="", seed=0, eval_split=0.0, tokenizer=tokenizer, limit=spec.max_problems,
+        field="evaluation.dataset",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

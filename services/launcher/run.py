@@ -190,19 +190,9 @@ async def _start_and_drive(
         coordinator = await start_services(settings, processes, route)
         policy, ca = settings.restart, settings.client_ca_file
         supervisor = Supervisor(processes, policy, settings.run_dir, HEALTH_TIMEOUT_S, ca, on_restart)
-        driving = asyncio.ensure_future(
+        return await supervisor.supervised(
             _drive(settings, coordinator.address, on_progress, supervisor.restarts)
         )
-        watching = asyncio.ensure_future(supervisor.watch())
-        try:
-            await asyncio.wait([driving, watching], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (watching, driving):  # no restart once the run is over or failing
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if driving.cancelled():  # the supervisor gave up on a service
-            watching.result()  # raises its ServiceFailed
-        return driving.result()
     finally:
         cpu = await stop_all(processes)
         (settings.run_dir / "cpu_seconds.json").write_text(json.dumps(cpu, indent=2))
