@@ -5,12 +5,15 @@ import { streamed, unary } from "./errors.js";
 import {
   CoordinatorService,
   RunState,
+  type EvaluationResult,
+  type EvaluationSpecSchema,
   type Run,
   type RunSpecSchema,
 } from "./gen/pipelinerl/coordinator/v1/coordinator_pb.js";
 import { streamOptions } from "./transport.js";
 
 export type RunSpecInit = MessageInitShape<typeof RunSpecSchema>;
+export type EvaluationSpecInit = MessageInitShape<typeof EvaluationSpecSchema>;
 
 const ENDED = new Set([RunState.COMPLETED, RunState.STOPPED, RunState.FAILED]);
 
@@ -48,6 +51,15 @@ export class CoordinatorClient {
     for await (const response of streamed(this.raw.watchRun({ runId }, streamOptions(signal)))) {
       yield response.run!;
     }
+  }
+
+  /**
+   * Evaluates a held-out set once on the coordinator's inference servers, at the newest version one
+   * of them holds (`sampling.maxNewTokens` must be set); nothing is trained. Give a deadline in
+   * `timeoutMs` long enough for the whole set.
+   */
+  async evaluate(evaluation: EvaluationSpecInit, timeoutMs?: number): Promise<EvaluationResult> {
+    return (await unary(() => this.raw.evaluate({ evaluation }, { timeoutMs }))).result!;
   }
 
   /** Starts (or resumes) a run and yields it as it progresses: first as started, last as it ended. */

@@ -164,3 +164,16 @@ test("examples/start-run.ts runs the built-in task to its budget", async () => {
   assert.ok((result.trained as number) + (result.dropped as number) >= BUDGET);
   assert.ok((result.trainerVersion as number) >= 1);
 });
+
+test("evaluate: a held-out set's figures, every completion at one weight version", async () => {
+  const coordinator = new CoordinatorClient(transport("coordinator"));
+  const sampling = { maxNewTokens: 3, temperature: 0 };
+  const result = await coordinator.evaluate({ dataset: "builtin:copy:2", samplesPerProblem: 2, sampling }, 120_000);
+  assert.equal(result.dataset, "builtin:copy:2");
+  assert.equal(result.problems, 11); // the held-out prompts of copy:2
+  assert.equal(result.samplesPerProblem, 2);
+  assert.ok(result.weightVersion >= 0n);
+  assert.ok(result.passAt1 >= 0 && result.passAt1 <= result.passAtK && result.passAtK <= 1);
+  const error = await rejection(coordinator.evaluate({ dataset: "builtin:copy:2", samplesPerProblem: 1 }));
+  assert.equal(error.code, Code.InvalidArgument); // max_new_tokens must be set outside a run
+});
