@@ -10,12 +10,13 @@
 
 Every environment call has a deadline. A call the environment fails (unreachable, too slow, its
 code crashed, the episode gone, a reply that breaks the contract: an assistant message, the wrong
-shape) is infrastructure, never scored: the replica is set down (replicas.py) and the episode starts
-again from the start, with the same seed, on a replica that is up, `MAX_TRIES` times in all; then
-the attempt fails with the last error. A start or step that meets UNAVAILABLE is first made again
-on the same turn (a repeat gets the stored answer); a start a full replica refuses
-(RESOURCE_EXHAUSTED: it holds its `max_episodes`) is made again after a pause, not counted as a
-failure. The model's own mistakes are observations the environment answers in-band.
+shape, the answer to another turn than the one asked) is infrastructure, never scored: the replica
+is set down (replicas.py) and the episode starts again from the start, with the same seed, on a
+replica that is up, `MAX_TRIES` times in all; then the attempt fails with the last error. A start
+or step that meets UNAVAILABLE is first made again on the same turn (a repeat gets the stored
+answer); a start a full replica refuses (RESOURCE_EXHAUSTED: it holds its `max_episodes`) is made
+again after a pause, not counted as a failure. The model's own mistakes are observations the
+environment answers in-band.
 
 Episode ids are `<attempt>.<play>`, the same after a coordinator restart: the restarted coordinator
 meets what a replica still holds of the play it lost (a start returns the stored opening, a step of
@@ -227,6 +228,7 @@ class EpisodeDriver:
             started = time.monotonic()
             step_call = partial(env.step, episode_id, tokens.turns, turn.message, timeout_s=CALL_TIMEOUT_S)
             step = await _call(step_call, "step")
+            _check_turn(step.turn, tokens.turns)
             step_seconds.append(time.monotonic() - started)
             reward += step.reward
             correct = correct or any(c.name == CORRECT and c.value >= 1.0 for c in step.rewards)
@@ -288,6 +290,15 @@ def _check_reply(messages: Sequence[Message]) -> None:
     if any(m.role is Role.ASSISTANT for m in messages):
         raise _EnvironmentFailed(
             EnvironmentBroke("the environment replied with an assistant message"), "step"
+        )
+
+
+def _check_turn(answered: int, asked: int) -> None:
+    """A reply says which turn it answers (0: a server that predates the field, not checked); the
+    reply to another turn is not an answer to the model's, whatever it holds."""
+    if answered and answered != asked:
+        raise _EnvironmentFailed(
+            EnvironmentBroke(f"the environment answered turn {answered} when asked turn {asked}"), "step"
         )
 
 

@@ -84,6 +84,7 @@ def step_to_proto(result: StepResult) -> pb.StepEpisodeResponse:
         rewards=[pb.RewardComponent(name=r.name, value=r.value) for r in result.rewards],
         terminated=result.terminated,
         truncated=result.truncated,
+        turn=result.turn,
     )
 
 
@@ -93,6 +94,7 @@ def step_from_proto(msg: pb.StepEpisodeResponse) -> StepResult:
         rewards=tuple(RewardComponent(r.name, r.value) for r in msg.rewards),
         terminated=msg.terminated,
         truncated=msg.truncated,
+        turn=msg.turn,
     )
 
 

@@ -161,6 +161,8 @@ class StepResult:
     rewards: tuple[RewardComponent, ...]
     terminated: bool
     truncated: bool
+    turn: int
+    """The turn it answers; 0 from a server that predates the field (then unknown)."""
 
     @property
     def reward(self) -> float:

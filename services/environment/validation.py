@@ -175,4 +175,4 @@ def check_step(step: object, action: Message, turn: int, max_turns: int, max_byt
     terminated, truncated = bool(step.terminated), bool(step.truncated)
     if max_turns and turn >= max_turns and not terminated:
         truncated = True
-    return StepResult(messages, rewards, terminated, truncated)
+    return StepResult(messages, rewards, terminated, truncated, turn)

@@ -14,6 +14,8 @@ several server processes) share:
 - `huge`: every episode of `bad_seed` answers with 10 MB of text.
 - `slow`: every episode waits `delay_s` in `reset`, having written `started-<pid>` (so that a
   test can kill a server while it holds an episode).
+- `wrong_turn`: plays normally; the server that serves it (`wrong_turn_server.py`, not the SDK's)
+  answers every turn of `bad_seed` as the next one.
 """
 
 from __future__ import annotations

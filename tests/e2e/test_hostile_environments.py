@@ -5,6 +5,10 @@ attempt is final exactly once — trained, dropped, or failed with a reason — 
 An environment's failure is infrastructure, never a score: the episode is played again from the
 start with the same seed on a replica that is up, MAX_TRIES times in all, and only then does its
 attempt fail (`failed:FAILED_PRECONDITION`, the environment's last error in the coordinator's log).
+
+The environments are `tests/data/hostile_environments.py:Hostile`, served by the launcher's
+environment servers, except the one that answers the wrong turn: the SDK server never does, so the
+test serves that one itself (`tests/data/wrong_turn_server.py`) and the run plays on it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.common.server import GrpcServer
+from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.datasets import episode_seeds
 from pipelinerl.coordinator.episode import MAX_TRIES
 from pipelinerl.coordinator.types import RunInfo
+from pipelinerl.environment.config import EnvironmentSettings
 from pipelinerl.launcher.config import RestartPolicy, RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.run import launch
+from tests.data.hostile_environments import Hostile
+from tests.data.wrong_turn_server import wrong_turn_server
 from tests.e2e.evidence import assert_trained_exactly_once
 
 pytestmark = pytest.mark.slow
@@ -46,9 +55,15 @@ class Case:
     restarts: tuple[str, ...] = ()
     """Services the launcher restarts, once each."""
     log: str = ""
-    """What the environment server's log says of the failure."""
+    """What the run's logs say of the failure."""
+    logs: str = "environment*.log"
+    """Which of the run's logs say it: the environment servers', or the coordinator's."""
     env: tuple[tuple[str, str], ...] = ()
     """Settings of the environment servers, as their environment variables."""
+    served_apart: bool = False
+    """The test serves the environment (wrong_turn_server.py), not the launcher."""
+    max_new_tokens: int = 4
+    """Tokens of a model turn; a turn they cut never reaches StepEpisode."""
 
 
 CASES = [
@@ -62,6 +77,18 @@ CASES = [
     Case("huge", GROUP_SIZE * MAX_TRIES, failed=GROUP_SIZE, log="bytes of content; the limit is"),
     # The test SIGKILLs one of two replicas while it holds an episode: the other plays on.
     Case("slow", None, servers=2, restarts=("environment-1",)),
+    # Every step of one seed says it answers the next turn: the coordinator refuses the reply
+    # (INTERNAL) on every play of that seed, as above. Turns long enough for the model's <eos> to
+    # end them, so that every play reaches its first step.
+    Case(
+        "wrong_turn",
+        GROUP_SIZE * MAX_TRIES,
+        failed=GROUP_SIZE,
+        log="the environment answered turn 2 when asked turn 1",
+        logs="coordinator.log",
+        served_apart=True,
+        max_new_tokens=1000,
+    ),
 ]
 
 
@@ -73,22 +100,32 @@ async def test_a_hostile_environment_has_its_documented_outcome(
         monkeypatch.setenv(name, value)
     markers = tmp_path / "markers"
     markers.mkdir()
+    bad_seed = next(episode_seeds(SEED))  # the first group's
+    environment_args = {
+        "behaviour": case.behaviour,
+        "marker_dir": str(markers),
+        "bad_seed": bad_seed,
+        "delay_s": 3.0,
+    }
+    apart: GrpcServer | None = None
+    coordinator = CoordinatorSettings.model_construct()
+    if case.served_apart:
+        environment = EnvironmentSettings(env=f"{HOSTILE}:Hostile", env_args=environment_args, port=0)
+        apart = wrong_turn_server(environment, bad_seed)
+        await apart.start()
+        coordinator = CoordinatorSettings.model_construct(environment_addresses=[apart.address])
     settings = RunSettings(
         run_dir=tmp_path / "run",
-        environment=f"{HOSTILE}:Hostile",
-        environment_args={
-            "behaviour": case.behaviour,
-            "marker_dir": str(markers),
-            "bad_seed": next(episode_seeds(SEED)),  # the first group's
-            "delay_s": 3.0,
-        },
-        environment_servers=case.servers,
+        environment=Hostile.name if apart else f"{HOSTILE}:Hostile",  # served apart: the name it gives
+        environment_args=environment_args,
+        environment_servers=0 if apart else case.servers,
+        coordinator=coordinator,
         seed=SEED,
         max_samples=BUDGET,
         group_size=GROUP_SIZE,
         samples_per_step=GROUP_SIZE * 2,
         max_in_flight=BUDGET,
-        max_new_tokens=4,
+        max_new_tokens=case.max_new_tokens,
         duration_s=120,
         metrics=False,
         # Other work shares the cores: a service starved for a while is not the one under test.
@@ -108,7 +145,11 @@ async def test_a_hostile_environment_has_its_documented_outcome(
             victim.process.kill()  # SIGKILL, by handle
             killed.append(victim.process.pid)
 
-    result = await launch(settings, on_progress, processes, lambda service, _: restarts.append(service))
+    try:
+        result = await launch(settings, on_progress, processes, lambda service, _: restarts.append(service))
+    finally:
+        if apart is not None:
+            await apart.stop(0)
 
     assert result.state == "completed", result
     if case.servers > 1:
@@ -127,5 +168,5 @@ async def test_a_hostile_environment_has_its_documented_outcome(
     else:
         assert errors == case.errors, episodes
     if case.log:
-        logs = "".join(p.read_text() for p in settings.run_dir.glob("environment*.log"))
+        logs = "".join(p.read_text() for p in settings.run_dir.glob(case.logs))
         assert case.log in logs

@@ -91,13 +91,13 @@ async def test_an_episode_through_the_client_with_retries(tmp_path: Path) -> Non
         with pytest.raises(FailedPrecondition):
             await env.start("run-p0-a0", seed=8)
         first = await env.step("run-p0-a0", 1, say("a"))
-        assert first.messages[0].content == "ok 1" and not first.ended
-        assert await env.step("run-p0-a0", 1, say("a")) == first  # a retried step
+        assert first.messages[0].content == "ok 1" and not first.ended and first.turn == 1
+        assert await env.step("run-p0-a0", 1, say("a")) == first  # a retried step, turn and all
         with pytest.raises(FailedPrecondition):
             await env.step("run-p0-a0", 3, say("c"))  # turn 2 comes first
         await env.step("run-p0-a0", 2, say("b"))
         last = await env.step("run-p0-a0", 3, say("c"))
-        assert last.terminated and last.reward == 1.0
+        assert last.terminated and last.reward == 1.0 and last.turn == 3
         stats = await env.status()
         assert (stats.active_episodes, stats.episodes_started, stats.steps) == (1, 1, 3)
         await env.end("run-p0-a0")

@@ -130,6 +130,7 @@ async def test_an_episode_played_to_the_end_by_binary_search(server: Served) -> 
                 turn += 1
                 guess = (low + high) // 2
                 result = await env.step(episode, turn, say(f"{guess}"))
+                assert result.turn == turn  # the turn it answers
                 assert await env.step(episode, turn, say(f"{guess}")) == result  # a retried step
                 if result.ended:
                     break

@@ -82,11 +82,11 @@ async def test_an_episode_runs_to_its_end_and_retries_get_stored_answers() -> No
     assert [m.content for m in opening.messages] == ["count", "7:t"] and opening.max_turns == 5
     assert await episodes.start("e1", 7, "t") == opening and Counter.resets == 1
     first = await episodes.step("e1", 1, say("1"))
-    assert first.messages[0].content == "1" and not first.ended
+    assert first.messages[0].content == "1" and not first.ended and first.turn == 1
     assert await episodes.step("e1", 1, say("1")) == first  # a retry of the last turn
     await episodes.step("e1", 2, say("2"))
     last = await episodes.step("e1", 3, say("3"))
-    assert last.terminated and last.reward == 1.0
+    assert last.terminated and last.reward == 1.0 and last.turn == 3
     await asyncio.sleep(0.05)
     assert Counter.closed == 1  # closed at its end, still held for a retry
     assert await episodes.step("e1", 3, say("3")) == last

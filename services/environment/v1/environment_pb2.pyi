@@ -120,16 +120,18 @@ class StepEpisodeRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., turn: _Optional[int] = ..., action: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
 
 class StepEpisodeResponse(_message.Message):
-    __slots__ = ("messages", "rewards", "terminated", "truncated")
+    __slots__ = ("messages", "rewards", "terminated", "truncated", "turn")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     rewards: _containers.RepeatedCompositeFieldContainer[RewardComponent]
     terminated: bool
     truncated: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    turn: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., turn: _Optional[int] = ...) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
     __slots__ = ("episode_id",)

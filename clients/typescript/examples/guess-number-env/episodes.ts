@@ -264,7 +264,7 @@ export class EpisodeTable {
       const terminated = step.terminated ?? false;
       const maxTurns = held.opening.maxTurns;
       const truncated = (step.truncated ?? false) || (maxTurns > 0 && turn >= maxTurns && !terminated);
-      return create(StepEpisodeResponseSchema, { messages, rewards, terminated, truncated });
+      return create(StepEpisodeResponseSchema, { messages, rewards, terminated, truncated, turn });
     }, held);
     held.turn = turn;
     held.action = action;
