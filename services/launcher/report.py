@@ -160,8 +160,10 @@ def plot(points: list[Point], path: Path, title: str, evaluations: Sequence[Eval
         for name in dict.fromkeys(e.evaluation["dataset"] for e in evaluations):
             held = [(x, e.evaluation["pass_at_1"]) for x, e in zip(at, evaluations, strict=True)
                     if e.evaluation["dataset"] == name]  # fmt: skip
-            axes[0][column].plot(*zip(*held, strict=True), "o-", label=f"held-out pass@1 {name}")
-        axes[0][column].legend(loc="upper left")
+            axes[0][column].plot(*zip(*held, strict=True), "o-", markersize=3, linewidth=1,
+                                 label=f"held-out pass@1 {name}")  # fmt: skip
+        if evaluations:
+            axes[0][column].legend(loc="center right")
         # A collapse shows here: most groups teach nothing while the entropy falls to ~0.
         _panel(axes[1][column], x,
                [("zero-variance groups", [p.zero_variance for p in points], {"color": "tab:purple"})],
