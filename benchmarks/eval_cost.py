@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=24, help="completions per held-out problem")
     parser.add_argument("--out", default="runs/eval-cost")
     args = parser.parse_args()
-    configure_logging("info")
+    configure_logging("benchmark", "console", "info")
     if Path(args.out).exists():
         shutil.rmtree(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -17,12 +17,14 @@ the evaluation is abandoned and tried again, whole, at the version a server hold
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
@@ -37,6 +39,7 @@ from pipelinerl.inference.types import GenerationRequest
 from pipelinerl.reward.types import ScoreItem
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 MAX_TRIES = 5
 """Evaluations of one set abandoned in a row (a server moved on or left) before it fails."""
@@ -104,6 +107,18 @@ def summarize(
     )
 
 
+async def _all(calls: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every call's result; at the first that fails, the others are cancelled (and awaited) before
+    its error is raised, so that no request of an abandoned evaluation lives on."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _Abandoned(Exception):
     """The server moved past the version, or left, before the evaluation was whole."""
 
@@ -121,6 +136,9 @@ class Evaluator:
         self._pool = pool
         self._reward = reward
         self._episodes = episodes
+        self._tries = itertools.count()
+        """Numbers each try, so that no two share a request id: a request of an abandoned try may
+        still be on its way out of a server's stream when the next one starts."""
 
     async def evaluate(
         self, spec: EvaluationSpec, problems: Sequence[Problem], at_least: int = 0, label: str = "eval"
@@ -132,7 +150,8 @@ class Evaluator:
             server, version = await self._server_at(at_least)
             started = time.monotonic()
             try:
-                outcomes = await self._run(spec, problems, server, version, f"{label}-v{version}")
+                label_of_try = f"{label}-v{version}.{next(self._tries)}"
+                outcomes = await self._run(spec, problems, server, version, label_of_try)
             except _Abandoned as exc:
                 log.warning("evaluation abandoned; trying again", dataset=spec.dataset, version=version,
                             server=server, attempt=attempt, why=str(exc))  # fmt: skip
@@ -177,7 +196,7 @@ class Evaluator:
             for rid in row
         ]
         try:
-            generated = await asyncio.gather(*(self._pool.generate(r, prefer=server) for r in requests))
+            generated = await _all([self._pool.generate(r, prefer=server) for r in requests])
         except (FailedPrecondition, Unavailable) as exc:
             raise _Abandoned(exc) from exc
         completions = {c.request_id: c for _, c in generated}
@@ -217,12 +236,12 @@ class Evaluator:
         if episodes is None:
             raise FailedPrecondition("an environment evaluation needs an environment run")
         try:
-            results = await asyncio.gather(
-                *(
+            results = await _all(
+                [
                     episodes.play(rid, int(p.prompt), prefer=server, weight_version=version)
                     for p, row in zip(problems, ids, strict=True)
                     for rid in row
-                )
+                ]
             )
         except (FailedPrecondition, Unavailable) as exc:
             raise _Abandoned(exc) from exc

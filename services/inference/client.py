@@ -27,7 +27,7 @@ import grpc
 
 from pipelinerl.common import convert, trace
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
-from pipelinerl.common.errors import PipelineError, Unavailable
+from pipelinerl.common.errors import InvalidArgument, PipelineError, Unavailable
 from pipelinerl.common.status import domain_errors
 from pipelinerl.common.types import TokenSequence
 from pipelinerl.inference.convert import (
@@ -125,6 +125,9 @@ class GenerateSession:
             await self._slots.wait_for(lambda: len(self._pending) < self.window or self.window == 0)
             if self.window == 0:
                 raise self._gone()
+            if request.request_id in self._pending:  # its answers could not be told apart: refused
+                why = f"{request.request_id!r} is in flight on this stream"
+                raise InvalidArgument.field("request_id", why)
             future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
             self._pending[request.request_id] = (future, on_delta)
         # The trace: the attempt's ids, for the server's log lines about it.

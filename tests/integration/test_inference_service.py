@@ -126,6 +126,15 @@ async def test_bad_request_fails_alone_and_the_stream_goes_on(backend_address) -
             await session.generate(GenerationRequest("long", [1], SamplingParams(max_new_tokens=500)))
         assert exc.value.violations[0].field == "submit_batch.submissions[0].sampling.max_new_tokens"
         assert len((await good).tokens) == 8
+        # a second request under the id of one in flight: its answers could not be told apart
+        held = asyncio.create_task(
+            session.generate(GenerationRequest("held", [1], SamplingParams(max_new_tokens=32)))
+        )
+        await asyncio.sleep(0)  # the first is in flight
+        with pytest.raises(InvalidArgument) as exc:
+            await session.generate(GenerationRequest("held", [1], SamplingParams(max_new_tokens=8)))
+        assert exc.value.violations[0].field == "request_id"
+        assert len((await held).tokens) == 32
 
 
 async def test_cancel_aborts_on_the_engine_and_over_capacity_is_refused(backend_address) -> None:
