@@ -28,8 +28,9 @@ log = get_logger(__name__)
 
 POLL_S = 0.2
 """How often the trainer's version is looked at."""
-LAST_TIMEOUT_S = 300.0
-"""For the evaluation of the last version, once training has ended."""
+LAST_TIMEOUT_S = 30.0
+"""For the evaluation of the last version once training has ended: a run whose inference servers
+are gone ends without it rather than wait for them."""
 FAILED_RETRY_S = 5.0
 """After a failed evaluation, before the set is tried again."""
 

@@ -23,6 +23,7 @@ from pipelinerl.coordinator.config import CoordinatorSettings
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
 from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
 from tests.e2e.test_failover import assert_nothing_failed
@@ -79,7 +80,9 @@ def assert_segments_hold(run_dir: Path) -> None:
 
 
 async def test_a_run_trains_on_guess_number_episodes(tmp_path: Path) -> None:
-    settings = _settings(tmp_path / "run")
+    """... and evaluates held-out episodes (seeds training never draws), every turn of each
+    evaluation at one weight version, none of them trained."""
+    settings = _settings(tmp_path / "run", eval=["environment"], eval_every=4, eval_limit=4)
     last: list[RunInfo] = []
     result = await launch(settings, lambda run, _: last.append(run))
     assert result.state == "completed", result
@@ -88,8 +91,12 @@ async def test_a_run_trains_on_guess_number_episodes(tmp_path: Path) -> None:
     episodes = last[-1].progress.episodes
     assert episodes is not None and episodes.episodes >= BUDGET, episodes
     assert episodes.turns_mean >= 1 and episodes.environment_errors == 0 and episodes.forks == 0, episodes
-    points = [json.loads(line) for line in (settings.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert points[-1]["episodes"]["episodes"] == episodes.episodes
+    points = read_points(settings.run_dir / "metrics.jsonl")
+    assert points[-1].episodes is not None and points[-1].episodes["episodes"] == episodes.episodes
+    versions = [e.weight_version for e in result.evaluations]
+    assert versions and versions == sorted(set(versions)) and versions[0] < 4, versions
+    assert versions[-1] == last[-1].progress.trainer_version, (versions, last[-1].progress)
+    assert all(e.dataset == "environment:guess_number" and e.problems == 4 for e in result.evaluations)
 
 
 @pytest.mark.parametrize("victim", ["coordinator", "trainer"])

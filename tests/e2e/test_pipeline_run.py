@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.launcher.config import RunSettings
+from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
 
 pytestmark = pytest.mark.slow
@@ -27,8 +28,8 @@ async def test_reward_rises_with_inflight_updates_and_nothing_lost(tmp_path: Pat
     settings = RunSettings(run_dir=tmp_path / "run", max_samples=20480, duration_s=600)
     result = await launch(settings)
 
-    points = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
-    late = sum(p["reward"] for p in points[-5:]) / 5
+    points = read_points(result.metrics_path)
+    late = sum(p.reward for p in points[-5:]) / 5
     assert late >= 0.35, (late, result)
     assert result.state == "completed" and result.trained == 20480
     assert result.plot_path.stat().st_size > 10_000
