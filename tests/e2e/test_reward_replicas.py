@@ -21,8 +21,10 @@ BUDGET = 6144
 
 
 def scored_ids(log: Path) -> list[str]:
-    """The sample ids a reward replica's log says it scored."""
-    return re.findall(r"item scored\s.*?sample_id=(\S+)", log.read_text())
+    """The attempts a reward replica's log says it scored (not the run's held-out evaluations,
+    whose completions it scores too: ids `<run>-e<set>-v<version>...`)."""
+    scored = re.findall(r"item scored\s.*?sample_id=(\S+)", log.read_text())
+    return [sample_id for sample_id in scored if re.fullmatch(r".+-p\d+-a\d+", sample_id)]
 
 
 async def test_a_killed_reward_replica_loses_no_sample_and_scores_none_twice(tmp_path: Path) -> None:
