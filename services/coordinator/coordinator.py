@@ -24,7 +24,7 @@ from pipelinerl.common.types import SamplingParams
 from pipelinerl.coordinator.datasets import evaluation_problems, open_problems
 from pipelinerl.coordinator.episode import EpisodeDriver
 from pipelinerl.coordinator.eval_schedule import EvaluationSchedule
-from pipelinerl.coordinator.evaluation import Evaluator, check_servable, problems_outside_a_run
+from pipelinerl.coordinator.evaluation import Evaluator, problems_outside_a_run
 from pipelinerl.coordinator.journal import Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.pool import InferencePool, ServerLimits
@@ -80,6 +80,9 @@ class _Run:
     state: RunState = RunState.RUNNING
     error: str = ""
     task: asyncio.Task[None] | None = None
+    evaluated: tuple[EvaluationResult, ...] = ()
+    """A run journaled as completed before a restart: its evaluations, read once (a run that goes
+    on has them in its loop)."""
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     """Set, then replaced by a fresh one, at each change of `state`: a watcher that took it
     before reading the state wakes on any later change, however many watchers share it."""
@@ -174,6 +177,7 @@ class Coordinator:
         run = _Run(run_id, spec, loop, datetime.fromtimestamp(record.started_at, UTC))
         self._runs[run_id] = run
         if completed:  # journaled as done before a restart: report it, start nothing
+            run.evaluated = tuple(self._journal.evaluations(run_id))
             run.set_state(RunState.COMPLETED)
             return self._info(run)
         run.task = asyncio.create_task(self._drive(run))
@@ -221,7 +225,7 @@ class Coordinator:
                     f"{field}.dataset",
                     f"{name!r} is not this run's environment ({spec.environment or 'none'})",
                 )
-            check_servable(evaluation, limits, field)
+            limits.check_new_tokens(evaluation.sampling.max_new_tokens, f"{field}.sampling.max_new_tokens")
             problems = evaluation_problems(
                 evaluation.dataset,
                 run_dataset=spec.dataset,
@@ -238,11 +242,7 @@ class Coordinator:
         """InvalidArgument naming the field if the inference servers would refuse every attempt."""
         limits = await self._pool.limits(LIMITS_TIMEOUT_S)
         tokens = spec.sampling.max_new_tokens
-        if tokens > limits.max_new_tokens:
-            raise InvalidArgument.field(
-                "spec.sampling.max_new_tokens",
-                f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
-            )
+        limits.check_new_tokens(tokens, "spec.sampling.max_new_tokens")
         if tokens >= limits.max_context:
             raise InvalidArgument.field(
                 "spec.sampling.max_new_tokens",
@@ -308,7 +308,7 @@ class Coordinator:
             run.loop.progress(),
             run.started_at,
             run.error,
-            run.loop.evaluations or tuple(self._journal.evaluations(run.run_id)),
+            run.loop.evaluations or run.evaluated,
         )
 
     async def _drive(self, run: _Run) -> None:

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, PipelineError, Unavailable
+from pipelinerl.common.errors import FailedPrecondition, PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason
 from pipelinerl.coordinator.datasets import ENVIRONMENT, evaluation_problems
 from pipelinerl.coordinator.episode import EpisodeDriver
-from pipelinerl.coordinator.pool import InferencePool, ServerLimits
+from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.tasks import Problem
 from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec
@@ -55,15 +55,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def check_servable(spec: EvaluationSpec, limits: ServerLimits, field: str) -> None:
-    """InvalidArgument on `<field>.sampling.max_new_tokens` when the servers would refuse it."""
-    if (tokens := spec.sampling.max_new_tokens) > limits.max_new_tokens:
-        raise InvalidArgument.field(
-            f"{field}.sampling.max_new_tokens",
-            f"{tokens} is over the inference servers' limit of {limits.max_new_tokens}",
-        )
 
 
 def problems_outside_a_run(spec: EvaluationSpec, tokenizer: str | None) -> list[Problem]:
@@ -169,7 +160,8 @@ class Evaluator:
         """`problems` (`problems_outside_a_run`) evaluated outside any run, at the newest version
         a server holds: Unavailable when no inference server connects within `connect_timeout_s`,
         InvalidArgument on `evaluation` when they would refuse its sampling."""
-        check_servable(spec, await self._pool.limits(connect_timeout_s), "evaluation")
+        limits = await self._pool.limits(connect_timeout_s)
+        limits.check_new_tokens(spec.sampling.max_new_tokens, "evaluation.sampling.max_new_tokens")
         return await self.evaluate(spec, problems, label=label)
 
     async def _server_at(self, at_least: int) -> tuple[str, int]:

@@ -13,13 +13,11 @@ resubmitted (the trainer acks an id it has already trained on as DUPLICATE).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
@@ -126,23 +124,16 @@ class Journal:
     # ---- evaluations: one row each, written whole once it is complete ----------------------------
 
     def add_evaluation(self, run_id: str, result: EvaluationResult) -> None:
-        data = {**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()}
         self._db.execute(
             "INSERT OR REPLACE INTO evaluations (run_id, dataset, weight_version, result) "
             "VALUES (?, ?, ?, ?)",
-            (run_id, result.dataset, result.weight_version, json.dumps(data)),
+            (run_id, result.dataset, result.weight_version, json.dumps(result.to_json())),
         )
 
     def evaluations(self, run_id: str) -> list[EvaluationResult]:
         """The run's evaluations, oldest first."""
         rows = self._db.execute("SELECT result FROM evaluations WHERE run_id = ? ORDER BY rowid", (run_id,))
-        results = []
-        for (text,) in rows:
-            data = json.loads(text)
-            results.append(
-                EvaluationResult(**{**data, "finished_at": datetime.fromisoformat(data["finished_at"])})
-            )
-        return results
+        return [EvaluationResult.from_json(json.loads(text)) for (text,) in rows]
 
     # ---- runs ---------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pipelinerl.common.channel import ChannelConfig
-from pipelinerl.common.errors import PipelineError, Unavailable
+from pipelinerl.common.errors import InvalidArgument, PipelineError, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason
 from pipelinerl.coordinator.lag_gate import LagGate, StreamState
@@ -50,6 +50,13 @@ class ServerLimits:
 
     max_new_tokens: int
     max_context: int
+
+    def check_new_tokens(self, tokens: int, field: str) -> None:
+        """InvalidArgument on `field` when `tokens` is over what the servers generate per request."""
+        if tokens > self.max_new_tokens:
+            raise InvalidArgument.field(
+                field, f"{tokens} is over the inference servers' limit of {self.max_new_tokens}"
+            )
 
 
 @dataclass

@@ -3,11 +3,12 @@ free of protobuf and grpc."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipelinerl.common.types import SamplingParams
 
@@ -94,6 +95,16 @@ class EvaluationResult:
     finished_at: datetime
     duration_s: float
     server: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Its fields as JSON values, `finished_at` in ISO 8601: as the journal, `metrics.jsonl` and
+        `pipelinerl eval` keep it."""
+        return {**dataclasses.asdict(self), "finished_at": self.finished_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EvaluationResult:
+        """The inverse of `to_json`."""
+        return cls(**{**data, "finished_at": datetime.fromisoformat(data["finished_at"])})
 
 
 @dataclass(frozen=True)

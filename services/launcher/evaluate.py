@@ -13,7 +13,6 @@ that dies while it evaluates fails the evaluation at once, with the end of its l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -124,7 +123,7 @@ async def evaluate_remote(
 
 def result_json(result: EvaluationResult) -> str:
     """The result as one JSON line: every field of it, `finished_at` in ISO 8601."""
-    return json.dumps({**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()})
+    return json.dumps(result.to_json())
 
 
 _FLAGS = {

@@ -79,8 +79,7 @@ class MetricsLog:
         self.points.append(point)
         lines = [point.__dict__]
         for result in run.evaluations[len(self.evaluations) :] if run else ():
-            data = {**dataclasses.asdict(result), "finished_at": result.finished_at.isoformat()}
-            self.evaluations.append(Evaluated(point.elapsed_s, point.trained, data))
+            self.evaluations.append(Evaluated(point.elapsed_s, point.trained, result.to_json()))
             lines.append(dataclasses.asdict(self.evaluations[-1]))
             if self._tracking is not None:
                 values = {f"eval/{result.dataset}/{name}": getattr(result, name) for name in TRACKED}
