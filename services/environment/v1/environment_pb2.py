@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+pipelinerl/environment/v1/environment.proto\x12\x19pipelinerl.environment.v1\x1a\x1egoogle/protobuf/duration.proto\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xa6\x01\n\x07Message\x12-\n\x04role\x18\x01 \x01(\x0e\x32\x1f.pipelinerl.environment.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x37\n\ntool_calls\x18\x03 \x03(\x0b\x32#.pipelinerl.environment.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\".\n\x0fRewardComponent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\"\x1c\n\x1a\x44\x65scribeEnvironmentRequest\"\xf3\x01\n\x1b\x44\x65scribeEnvironmentResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12.\n\x05tools\x18\x04 \x03(\x0b\x32\x1f.pipelinerl.environment.v1.Tool\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x14\n\x0cmax_episodes\x18\x06 \x01(\x05\x12(\n\x05lease\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1d\n\x15max_observation_bytes\x18\x08 \x01(\x03\"E\n\x13StartEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\"\x8f\x01\n\x14StartEpisodeResponse\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pipelinerl.environment.v1.Message\x12.\n\x05tools\x18\x02 \x03(\x0b\x32\x1f.pipelinerl.environment.v1.Tool\x12\x11\n\tmax_turns\x18\x03 \x01(\x05\"j\n\x12StepEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12\x32\n\x06\x61\x63tion\x18\x03 \x01(\x0b\x32\".pipelinerl.environment.v1.Message\"\xbd\x01\n\x13StepEpisodeResponse\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pipelinerl.environment.v1.Message\x12;\n\x07rewards\x18\x02 \x03(\x0b\x32*.pipelinerl.environment.v1.RewardComponent\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x0c\n\x04turn\x18\x05 \x01(\x05\"\'\n\x11\x45ndEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x14\n\x12\x45ndEpisodeResponse\"\x12\n\x10GetStatusRequest\"\x96\x01\n\x11GetStatusResponse\x12\x17\n\x0f\x61\x63tive_episodes\x18\x01 \x01(\x05\x12\x14\n\x0cmax_episodes\x18\x02 \x01(\x05\x12\x18\n\x10\x65pisodes_started\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisodes_reaped\x18\x05 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x06 \x01(\x03*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04\x32\xcd\x04\n\x12\x45nvironmentService\x12\x84\x01\n\x13\x44\x65scribeEnvironment\x12\x35.pipelinerl.environment.v1.DescribeEnvironmentRequest\x1a\x36.pipelinerl.environment.v1.DescribeEnvironmentResponse\x12o\n\x0cStartEpisode\x12..pipelinerl.environment.v1.StartEpisodeRequest\x1a/.pipelinerl.environment.v1.StartEpisodeResponse\x12l\n\x0bStepEpisode\x12-.pipelinerl.environment.v1.StepEpisodeRequest\x1a..pipelinerl.environment.v1.StepEpisodeResponse\x12i\n\nEndEpisode\x12,.pipelinerl.environment.v1.EndEpisodeRequest\x1a-.pipelinerl.environment.v1.EndEpisodeResponse\x12\x66\n\tGetStatus\x12+.pipelinerl.environment.v1.GetStatusRequest\x1a,.pipelinerl.environment.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+pipelinerl/environment/v1/environment.proto\x12\x19pipelinerl.environment.v1\x1a\x1egoogle/protobuf/duration.proto\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xa6\x01\n\x07Message\x12-\n\x04role\x18\x01 \x01(\x0e\x32\x1f.pipelinerl.environment.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x37\n\ntool_calls\x18\x03 \x03(\x0b\x32#.pipelinerl.environment.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\".\n\x0fRewardComponent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\"\x1c\n\x1a\x44\x65scribeEnvironmentRequest\"\x82\x02\n\x1b\x44\x65scribeEnvironmentResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12.\n\x05tools\x18\x04 \x03(\x0b\x32\x1f.pipelinerl.environment.v1.Tool\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x14\n\x0cmax_episodes\x18\x06 \x01(\x05\x12(\n\x05lease\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1d\n\x15max_observation_bytes\x18\x08 \x01(\x03\x12\r\n\x05\x61gent\x18\t \x01(\x08\"E\n\x13StartEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\"\x8f\x01\n\x14StartEpisodeResponse\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pipelinerl.environment.v1.Message\x12.\n\x05tools\x18\x02 \x03(\x0b\x32\x1f.pipelinerl.environment.v1.Tool\x12\x11\n\tmax_turns\x18\x03 \x01(\x05\"j\n\x12StepEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12\x32\n\x06\x61\x63tion\x18\x03 \x01(\x0b\x32\".pipelinerl.environment.v1.Message\"\xbd\x01\n\x13StepEpisodeResponse\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".pipelinerl.environment.v1.Message\x12;\n\x07rewards\x18\x02 \x03(\x0b\x32*.pipelinerl.environment.v1.RewardComponent\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x0c\n\x04turn\x18\x05 \x01(\x05\"u\n\x11RunEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\"d\n\x12RunEpisodeResponse\x12;\n\x07rewards\x18\x01 \x03(\x0b\x32*.pipelinerl.environment.v1.RewardComponent\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\'\n\x11\x45ndEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x14\n\x12\x45ndEpisodeResponse\"\x12\n\x10GetStatusRequest\"\x96\x01\n\x11GetStatusResponse\x12\x17\n\x0f\x61\x63tive_episodes\x18\x01 \x01(\x05\x12\x14\n\x0cmax_episodes\x18\x02 \x01(\x05\x12\x18\n\x10\x65pisodes_started\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisodes_reaped\x18\x05 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x06 \x01(\x03*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04\x32\xb8\x05\n\x12\x45nvironmentService\x12\x84\x01\n\x13\x44\x65scribeEnvironment\x12\x35.pipelinerl.environment.v1.DescribeEnvironmentRequest\x1a\x36.pipelinerl.environment.v1.DescribeEnvironmentResponse\x12o\n\x0cStartEpisode\x12..pipelinerl.environment.v1.StartEpisodeRequest\x1a/.pipelinerl.environment.v1.StartEpisodeResponse\x12l\n\x0bStepEpisode\x12-.pipelinerl.environment.v1.StepEpisodeRequest\x1a..pipelinerl.environment.v1.StepEpisodeResponse\x12i\n\nEndEpisode\x12,.pipelinerl.environment.v1.EndEpisodeRequest\x1a-.pipelinerl.environment.v1.EndEpisodeResponse\x12\x66\n\tGetStatus\x12+.pipelinerl.environment.v1.GetStatusRequest\x1a,.pipelinerl.environment.v1.GetStatusResponse\x12i\n\nRunEpisode\x12,.pipelinerl.environment.v1.RunEpisodeRequest\x1a-.pipelinerl.environment.v1.RunEpisodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pipelinerl.environment.v1.environment_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1472
-  _globals['_ROLE']._serialized_end=1567
+  _globals['_ROLE']._serialized_start=1708
+  _globals['_ROLE']._serialized_end=1803
   _globals['_TOOLCALL']._serialized_start=106
   _globals['_TOOLCALL']._serialized_end=161
   _globals['_MESSAGE']._serialized_start=164
@@ -45,23 +45,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEENVIRONMENTREQUEST']._serialized_start=443
   _globals['_DESCRIBEENVIRONMENTREQUEST']._serialized_end=471
   _globals['_DESCRIBEENVIRONMENTRESPONSE']._serialized_start=474
-  _globals['_DESCRIBEENVIRONMENTRESPONSE']._serialized_end=717
-  _globals['_STARTEPISODEREQUEST']._serialized_start=719
-  _globals['_STARTEPISODEREQUEST']._serialized_end=788
-  _globals['_STARTEPISODERESPONSE']._serialized_start=791
-  _globals['_STARTEPISODERESPONSE']._serialized_end=934
-  _globals['_STEPEPISODEREQUEST']._serialized_start=936
-  _globals['_STEPEPISODEREQUEST']._serialized_end=1042
-  _globals['_STEPEPISODERESPONSE']._serialized_start=1045
-  _globals['_STEPEPISODERESPONSE']._serialized_end=1234
-  _globals['_ENDEPISODEREQUEST']._serialized_start=1236
-  _globals['_ENDEPISODEREQUEST']._serialized_end=1275
-  _globals['_ENDEPISODERESPONSE']._serialized_start=1277
-  _globals['_ENDEPISODERESPONSE']._serialized_end=1297
-  _globals['_GETSTATUSREQUEST']._serialized_start=1299
-  _globals['_GETSTATUSREQUEST']._serialized_end=1317
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1320
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1470
-  _globals['_ENVIRONMENTSERVICE']._serialized_start=1570
-  _globals['_ENVIRONMENTSERVICE']._serialized_end=2159
+  _globals['_DESCRIBEENVIRONMENTRESPONSE']._serialized_end=732
+  _globals['_STARTEPISODEREQUEST']._serialized_start=734
+  _globals['_STARTEPISODEREQUEST']._serialized_end=803
+  _globals['_STARTEPISODERESPONSE']._serialized_start=806
+  _globals['_STARTEPISODERESPONSE']._serialized_end=949
+  _globals['_STEPEPISODEREQUEST']._serialized_start=951
+  _globals['_STEPEPISODEREQUEST']._serialized_end=1057
+  _globals['_STEPEPISODERESPONSE']._serialized_start=1060
+  _globals['_STEPEPISODERESPONSE']._serialized_end=1249
+  _globals['_RUNEPISODEREQUEST']._serialized_start=1251
+  _globals['_RUNEPISODEREQUEST']._serialized_end=1368
+  _globals['_RUNEPISODERESPONSE']._serialized_start=1370
+  _globals['_RUNEPISODERESPONSE']._serialized_end=1470
+  _globals['_ENDEPISODEREQUEST']._serialized_start=1472
+  _globals['_ENDEPISODEREQUEST']._serialized_end=1511
+  _globals['_ENDEPISODERESPONSE']._serialized_start=1513
+  _globals['_ENDEPISODERESPONSE']._serialized_end=1533
+  _globals['_GETSTATUSREQUEST']._serialized_start=1535
+  _globals['_GETSTATUSREQUEST']._serialized_end=1553
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1556
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1706
+  _globals['_ENVIRONMENTSERVICE']._serialized_start=1806
+  _globals['_ENVIRONMENTSERVICE']._serialized_end=2502
 # @@protoc_insertion_point(module_scope)

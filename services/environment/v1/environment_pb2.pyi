@@ -70,7 +70,7 @@ class DescribeEnvironmentRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeEnvironmentResponse(_message.Message):
-    __slots__ = ("name", "version", "description", "tools", "max_turns", "max_episodes", "lease", "max_observation_bytes")
+    __slots__ = ("name", "version", "description", "tools", "max_turns", "max_episodes", "lease", "max_observation_bytes", "agent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class DescribeEnvironmentResponse(_message.Message):
     MAX_EPISODES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     MAX_OBSERVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     description: str
@@ -87,7 +88,8 @@ class DescribeEnvironmentResponse(_message.Message):
     max_episodes: int
     lease: _duration_pb2.Duration
     max_observation_bytes: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., max_turns: _Optional[int] = ..., max_episodes: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_observation_bytes: _Optional[int] = ...) -> None: ...
+    agent: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., max_turns: _Optional[int] = ..., max_episodes: _Optional[int] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_observation_bytes: _Optional[int] = ..., agent: _Optional[bool] = ...) -> None: ...
 
 class StartEpisodeRequest(_message.Message):
     __slots__ = ("episode_id", "seed", "task")
@@ -132,6 +134,30 @@ class StepEpisodeResponse(_message.Message):
     truncated: bool
     turn: int
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., rewards: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., turn: _Optional[int] = ...) -> None: ...
+
+class RunEpisodeRequest(_message.Message):
+    __slots__ = ("episode_id", "seed", "task", "base_url", "api_key", "model")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    seed: int
+    task: str
+    base_url: str
+    api_key: str
+    model: str
+    def __init__(self, episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., task: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class RunEpisodeResponse(_message.Message):
+    __slots__ = ("rewards", "truncated")
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    rewards: _containers.RepeatedCompositeFieldContainer[RewardComponent]
+    truncated: bool
+    def __init__(self, rewards: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class EndEpisodeRequest(_message.Message):
     __slots__ = ("episode_id",)

@@ -60,6 +60,11 @@ class EnvironmentServiceStub:
                 request_serializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.RunEpisode = channel.unary_unary(
+                '/pipelinerl.environment.v1.EnvironmentService/RunEpisode',
+                request_serializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeRequest.SerializeToString,
+                response_deserializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -102,6 +107,19 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunEpisode(self, request, context):
+        """Runs one whole episode of an agent that drives its own loop (an agent host: its
+        DescribeEnvironment says `agent`): the agent calls the chat-completions API at `base_url`,
+        which records every token it is given, and the call returns the episode's rewards once the
+        agent ends. Not idempotent: a caller whose call failed runs the episode again under a new id
+        and a new `base_url`. INTERNAL when the agent's code failed or ran past the host's time limit
+        (never scored), RESOURCE_EXHAUSTED when the host runs `max_episodes` episodes, UNAVAILABLE
+        while it drains, UNIMPLEMENTED from a server of StartEpisode/StepEpisode environments.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +147,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusRequest.FromString,
                     response_serializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'RunEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunEpisode,
+                    request_deserializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeRequest.FromString,
+                    response_serializer=pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +290,33 @@ class EnvironmentService:
             '/pipelinerl.environment.v1.EnvironmentService/GetStatus',
             pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusRequest.SerializeToString,
             pipelinerl_dot_environment_dot_v1_dot_environment__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pipelinerl.environment.v1.EnvironmentService/RunEpisode',
+            pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeRequest.SerializeToString,
+            pipelinerl_dot_environment_dot_v1_dot_environment__pb2.RunEpisodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

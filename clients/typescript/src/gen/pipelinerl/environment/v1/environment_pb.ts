@@ -35,7 +35,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file pipelinerl/environment/v1/environment.proto.
  */
 export const file_pipelinerl_environment_v1_environment: GenFile = /*@__PURE__*/
-  fileDesc("CitwaXBlbGluZXJsL2Vudmlyb25tZW50L3YxL2Vudmlyb25tZW50LnByb3RvEhlwaXBlbGluZXJsLmVudmlyb25tZW50LnYxIjcKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJIqYBCgdNZXNzYWdlEi0KBHJvbGUYASABKA4yHy5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlJvbGUSDwoHY29udGVudBgCIAEoCRI3Cgp0b29sX2NhbGxzGAMgAygLMiMucGlwZWxpbmVybC5lbnZpcm9ubWVudC52MS5Ub29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCSI9CgRUb29sEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSEgoKcGFyYW1ldGVycxgDIAEoCSIuCg9SZXdhcmRDb21wb25lbnQSDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoASIcChpEZXNjcmliZUVudmlyb25tZW50UmVxdWVzdCLzAQobRGVzY3JpYmVFbnZpcm9ubWVudFJlc3BvbnNlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIuCgV0b29scxgEIAMoCzIfLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuVG9vbBIRCgltYXhfdHVybnMYBSABKAUSFAoMbWF4X2VwaXNvZGVzGAYgASgFEigKBWxlYXNlGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEh0KFW1heF9vYnNlcnZhdGlvbl9ieXRlcxgIIAEoAyJFChNTdGFydEVwaXNvZGVSZXF1ZXN0EhIKCmVwaXNvZGVfaWQYASABKAkSDAoEc2VlZBgCIAEoBBIMCgR0YXNrGAMgASgJIo8BChRTdGFydEVwaXNvZGVSZXNwb25zZRI0CghtZXNzYWdlcxgBIAMoCzIiLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuTWVzc2FnZRIuCgV0b29scxgCIAMoCzIfLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuVG9vbBIRCgltYXhfdHVybnMYAyABKAUiagoSU3RlcEVwaXNvZGVSZXF1ZXN0EhIKCmVwaXNvZGVfaWQYASABKAkSDAoEdHVybhgCIAEoBRIyCgZhY3Rpb24YAyABKAsyIi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLk1lc3NhZ2UivQEKE1N0ZXBFcGlzb2RlUmVzcG9uc2USNAoIbWVzc2FnZXMYASADKAsyIi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLk1lc3NhZ2USOwoHcmV3YXJkcxgCIAMoCzIqLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuUmV3YXJkQ29tcG9uZW50EhIKCnRlcm1pbmF0ZWQYAyABKAgSEQoJdHJ1bmNhdGVkGAQgASgIEgwKBHR1cm4YBSABKAUiJwoRRW5kRXBpc29kZVJlcXVlc3QSEgoKZXBpc29kZV9pZBgBIAEoCSIUChJFbmRFcGlzb2RlUmVzcG9uc2UiEgoQR2V0U3RhdHVzUmVxdWVzdCKWAQoRR2V0U3RhdHVzUmVzcG9uc2USFwoPYWN0aXZlX2VwaXNvZGVzGAEgASgFEhQKDG1heF9lcGlzb2RlcxgCIAEoBRIYChBlcGlzb2Rlc19zdGFydGVkGAMgASgDEg0KBXN0ZXBzGAQgASgDEhcKD2VwaXNvZGVzX3JlYXBlZBgFIAEoAxIQCghmYWlsdXJlcxgGIAEoAypfCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMSDQoJUk9MRV9UT09MEAQyzQQKEkVudmlyb25tZW50U2VydmljZRKEAQoTRGVzY3JpYmVFbnZpcm9ubWVudBI1LnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuRGVzY3JpYmVFbnZpcm9ubWVudFJlcXVlc3QaNi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLkRlc2NyaWJlRW52aXJvbm1lbnRSZXNwb25zZRJvCgxTdGFydEVwaXNvZGUSLi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlN0YXJ0RXBpc29kZVJlcXVlc3QaLy5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlN0YXJ0RXBpc29kZVJlc3BvbnNlEmwKC1N0ZXBFcGlzb2RlEi0ucGlwZWxpbmVybC5lbnZpcm9ubWVudC52MS5TdGVwRXBpc29kZVJlcXVlc3QaLi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlN0ZXBFcGlzb2RlUmVzcG9uc2USaQoKRW5kRXBpc29kZRIsLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuRW5kRXBpc29kZVJlcXVlc3QaLS5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLkVuZEVwaXNvZGVSZXNwb25zZRJmCglHZXRTdGF0dXMSKy5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLkdldFN0YXR1c1JlcXVlc3QaLC5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLkdldFN0YXR1c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration]);
+  fileDesc("CitwaXBlbGluZXJsL2Vudmlyb25tZW50L3YxL2Vudmlyb25tZW50LnByb3RvEhlwaXBlbGluZXJsLmVudmlyb25tZW50LnYxIjcKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJIqYBCgdNZXNzYWdlEi0KBHJvbGUYASABKA4yHy5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlJvbGUSDwoHY29udGVudBgCIAEoCRI3Cgp0b29sX2NhbGxzGAMgAygLMiMucGlwZWxpbmVybC5lbnZpcm9ubWVudC52MS5Ub29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCSI9CgRUb29sEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSEgoKcGFyYW1ldGVycxgDIAEoCSIuCg9SZXdhcmRDb21wb25lbnQSDAoEbmFtZRgBIAEoCRINCgV2YWx1ZRgCIAEoASIcChpEZXNjcmliZUVudmlyb25tZW50UmVxdWVzdCKCAgobRGVzY3JpYmVFbnZpcm9ubWVudFJlc3BvbnNlEgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIuCgV0b29scxgEIAMoCzIfLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuVG9vbBIRCgltYXhfdHVybnMYBSABKAUSFAoMbWF4X2VwaXNvZGVzGAYgASgFEigKBWxlYXNlGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEh0KFW1heF9vYnNlcnZhdGlvbl9ieXRlcxgIIAEoAxINCgVhZ2VudBgJIAEoCCJFChNTdGFydEVwaXNvZGVSZXF1ZXN0EhIKCmVwaXNvZGVfaWQYASABKAkSDAoEc2VlZBgCIAEoBBIMCgR0YXNrGAMgASgJIo8BChRTdGFydEVwaXNvZGVSZXNwb25zZRI0CghtZXNzYWdlcxgBIAMoCzIiLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuTWVzc2FnZRIuCgV0b29scxgCIAMoCzIfLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuVG9vbBIRCgltYXhfdHVybnMYAyABKAUiagoSU3RlcEVwaXNvZGVSZXF1ZXN0EhIKCmVwaXNvZGVfaWQYASABKAkSDAoEdHVybhgCIAEoBRIyCgZhY3Rpb24YAyABKAsyIi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLk1lc3NhZ2UivQEKE1N0ZXBFcGlzb2RlUmVzcG9uc2USNAoIbWVzc2FnZXMYASADKAsyIi5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLk1lc3NhZ2USOwoHcmV3YXJkcxgCIAMoCzIqLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuUmV3YXJkQ29tcG9uZW50EhIKCnRlcm1pbmF0ZWQYAyABKAgSEQoJdHJ1bmNhdGVkGAQgASgIEgwKBHR1cm4YBSABKAUidQoRUnVuRXBpc29kZVJlcXVlc3QSEgoKZXBpc29kZV9pZBgBIAEoCRIMCgRzZWVkGAIgASgEEgwKBHRhc2sYAyABKAkSEAoIYmFzZV91cmwYBCABKAkSDwoHYXBpX2tleRgFIAEoCRINCgVtb2RlbBgGIAEoCSJkChJSdW5FcGlzb2RlUmVzcG9uc2USOwoHcmV3YXJkcxgBIAMoCzIqLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuUmV3YXJkQ29tcG9uZW50EhEKCXRydW5jYXRlZBgCIAEoCCInChFFbmRFcGlzb2RlUmVxdWVzdBISCgplcGlzb2RlX2lkGAEgASgJIhQKEkVuZEVwaXNvZGVSZXNwb25zZSISChBHZXRTdGF0dXNSZXF1ZXN0IpYBChFHZXRTdGF0dXNSZXNwb25zZRIXCg9hY3RpdmVfZXBpc29kZXMYASABKAUSFAoMbWF4X2VwaXNvZGVzGAIgASgFEhgKEGVwaXNvZGVzX3N0YXJ0ZWQYAyABKAMSDQoFc3RlcHMYBCABKAMSFwoPZXBpc29kZXNfcmVhcGVkGAUgASgDEhAKCGZhaWx1cmVzGAYgASgDKl8KBFJvbGUSFAoQUk9MRV9VTlNQRUNJRklFRBAAEg8KC1JPTEVfU1lTVEVNEAESDQoJUk9MRV9VU0VSEAISEgoOUk9MRV9BU1NJU1RBTlQQAxINCglST0xFX1RPT0wQBDK4BQoSRW52aXJvbm1lbnRTZXJ2aWNlEoQBChNEZXNjcmliZUVudmlyb25tZW50EjUucGlwZWxpbmVybC5lbnZpcm9ubWVudC52MS5EZXNjcmliZUVudmlyb25tZW50UmVxdWVzdBo2LnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuRGVzY3JpYmVFbnZpcm9ubWVudFJlc3BvbnNlEm8KDFN0YXJ0RXBpc29kZRIuLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuU3RhcnRFcGlzb2RlUmVxdWVzdBovLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuU3RhcnRFcGlzb2RlUmVzcG9uc2USbAoLU3RlcEVwaXNvZGUSLS5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlN0ZXBFcGlzb2RlUmVxdWVzdBouLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuU3RlcEVwaXNvZGVSZXNwb25zZRJpCgpFbmRFcGlzb2RlEiwucGlwZWxpbmVybC5lbnZpcm9ubWVudC52MS5FbmRFcGlzb2RlUmVxdWVzdBotLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuRW5kRXBpc29kZVJlc3BvbnNlEmYKCUdldFN0YXR1cxIrLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuR2V0U3RhdHVzUmVxdWVzdBosLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuR2V0U3RhdHVzUmVzcG9uc2USaQoKUnVuRXBpc29kZRIsLnBpcGVsaW5lcmwuZW52aXJvbm1lbnQudjEuUnVuRXBpc29kZVJlcXVlc3QaLS5waXBlbGluZXJsLmVudmlyb25tZW50LnYxLlJ1bkVwaXNvZGVSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration]);
 
 /**
  * One tool call of an assistant message, in the OpenAI function-call shape.
@@ -261,6 +261,14 @@ export type DescribeEnvironmentResponse = Message$1<"pipelinerl.environment.v1.D
    * @generated from field: int64 max_observation_bytes = 8;
    */
   maxObservationBytes: bigint;
+
+  /**
+   * The server is an agent host: it runs whole episodes (RunEpisode), and answers no StartEpisode
+   * or StepEpisode (UNIMPLEMENTED).
+   *
+   * @generated from field: bool agent = 9;
+   */
+  agent: boolean;
 };
 
 /**
@@ -432,6 +440,92 @@ export const StepEpisodeResponseSchema: GenMessage<StepEpisodeResponse> = /*@__P
   messageDesc(file_pipelinerl_environment_v1_environment, 9);
 
 /**
+ * Runs one episode of an agent.
+ *
+ * @generated from message pipelinerl.environment.v1.RunEpisodeRequest
+ */
+export type RunEpisodeRequest = Message$1<"pipelinerl.environment.v1.RunEpisodeRequest"> & {
+  /**
+   * Id of the episode, chosen by the caller: 1 to 128 characters of [A-Za-z0-9._:-].
+   *
+   * @generated from field: string episode_id = 1;
+   */
+  episodeId: string;
+
+  /**
+   * Seed of the episode's randomness: every attempt of a group gets the same one.
+   *
+   * @generated from field: uint64 seed = 2;
+   */
+  seed: bigint;
+
+  /**
+   * Which task, in the agent's own terms; empty: the agent draws one from `seed`.
+   *
+   * @generated from field: string task = 3;
+   */
+  task: string;
+
+  /**
+   * Base URL of an OpenAI-compatible chat-completions API that serves this episode only
+   * (`<base_url>/chat/completions`); what the agent's model calls there is recorded and trained on.
+   *
+   * @generated from field: string base_url = 4;
+   */
+  baseUrl: string;
+
+  /**
+   * The key to call `base_url` with (as the bearer token: an OpenAI client's `api_key`).
+   *
+   * @generated from field: string api_key = 5;
+   */
+  apiKey: string;
+
+  /**
+   * The model name to send (any name is accepted; it names the run's policy).
+   *
+   * @generated from field: string model = 6;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message pipelinerl.environment.v1.RunEpisodeRequest.
+ * Use `create(RunEpisodeRequestSchema)` to create a new message.
+ */
+export const RunEpisodeRequestSchema: GenMessage<RunEpisodeRequest> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_environment_v1_environment, 10);
+
+/**
+ * How an agent's episode ended.
+ *
+ * @generated from message pipelinerl.environment.v1.RunEpisodeResponse
+ */
+export type RunEpisodeResponse = Message$1<"pipelinerl.environment.v1.RunEpisodeResponse"> & {
+  /**
+   * The episode's rewards, named as an environment's are (`correct` at 1 or more counts the
+   * episode correct); its reward is their sum.
+   *
+   * @generated from field: repeated pipelinerl.environment.v1.RewardComponent rewards = 1;
+   */
+  rewards: RewardComponent[];
+
+  /**
+   * The episode was cut short (a turn cut by max_tokens, the agent's own turn limit).
+   *
+   * @generated from field: bool truncated = 2;
+   */
+  truncated: boolean;
+};
+
+/**
+ * Describes the message pipelinerl.environment.v1.RunEpisodeResponse.
+ * Use `create(RunEpisodeResponseSchema)` to create a new message.
+ */
+export const RunEpisodeResponseSchema: GenMessage<RunEpisodeResponse> = /*@__PURE__*/
+  messageDesc(file_pipelinerl_environment_v1_environment, 11);
+
+/**
  * Ends an episode.
  *
  * @generated from message pipelinerl.environment.v1.EndEpisodeRequest
@@ -450,7 +544,7 @@ export type EndEpisodeRequest = Message$1<"pipelinerl.environment.v1.EndEpisodeR
  * Use `create(EndEpisodeRequestSchema)` to create a new message.
  */
 export const EndEpisodeRequestSchema: GenMessage<EndEpisodeRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_environment_v1_environment, 10);
+  messageDesc(file_pipelinerl_environment_v1_environment, 12);
 
 /**
  * The episode is ended (or was not held).
@@ -465,7 +559,7 @@ export type EndEpisodeResponse = Message$1<"pipelinerl.environment.v1.EndEpisode
  * Use `create(EndEpisodeResponseSchema)` to create a new message.
  */
 export const EndEpisodeResponseSchema: GenMessage<EndEpisodeResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_environment_v1_environment, 11);
+  messageDesc(file_pipelinerl_environment_v1_environment, 13);
 
 /**
  * Asks for the server's load and counters.
@@ -480,7 +574,7 @@ export type GetStatusRequest = Message$1<"pipelinerl.environment.v1.GetStatusReq
  * Use `create(GetStatusRequestSchema)` to create a new message.
  */
 export const GetStatusRequestSchema: GenMessage<GetStatusRequest> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_environment_v1_environment, 12);
+  messageDesc(file_pipelinerl_environment_v1_environment, 14);
 
 /**
  * Load and counters since the server started.
@@ -536,7 +630,7 @@ export type GetStatusResponse = Message$1<"pipelinerl.environment.v1.GetStatusRe
  * Use `create(GetStatusResponseSchema)` to create a new message.
  */
 export const GetStatusResponseSchema: GenMessage<GetStatusResponse> = /*@__PURE__*/
-  messageDesc(file_pipelinerl_environment_v1_environment, 13);
+  messageDesc(file_pipelinerl_environment_v1_environment, 15);
 
 /**
  * Who wrote a message.
@@ -642,6 +736,22 @@ export const EnvironmentService: GenService<{
     methodKind: "unary";
     input: typeof GetStatusRequestSchema;
     output: typeof GetStatusResponseSchema;
+  },
+  /**
+   * Runs one whole episode of an agent that drives its own loop (an agent host: its
+   * DescribeEnvironment says `agent`): the agent calls the chat-completions API at `base_url`,
+   * which records every token it is given, and the call returns the episode's rewards once the
+   * agent ends. Not idempotent: a caller whose call failed runs the episode again under a new id
+   * and a new `base_url`. INTERNAL when the agent's code failed or ran past the host's time limit
+   * (never scored), RESOURCE_EXHAUSTED when the host runs `max_episodes` episodes, UNAVAILABLE
+   * while it drains, UNIMPLEMENTED from a server of StartEpisode/StepEpisode environments.
+   *
+   * @generated from rpc pipelinerl.environment.v1.EnvironmentService.RunEpisode
+   */
+  runEpisode: {
+    methodKind: "unary";
+    input: typeof RunEpisodeRequestSchema;
+    output: typeof RunEpisodeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_pipelinerl_environment_v1_environment, 0);
