@@ -15,13 +15,13 @@ EDITABLE := --config-settings editable_mode=strict
 # Every file the link tree must hold; when the list changes, the tree is made again.
 MODULES = $(shell find services -name '*.py' -o -name '*.pyi' -o -name py.typed | LC_ALL=C sort)
 
-.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check compose-test clients check-clients clients-test
+.PHONY: run test lint typecheck protos check-protos lint-protos venv clean vllm-env vllm-test gpu-wheels k8s-check compose-test clients check-clients clients-test docs prometheus-test
 
 $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,inference,trainer,reward,coordinator,launcher,deepspeed,tensorboard,wandb,gymnasium,openenv]" $(EDITABLE)
+	$(BIN)/pip install --quiet -e ".[dev,docs,inference,trainer,reward,coordinator,launcher,deepspeed,tensorboard,wandb,gymnasium,openenv]" $(EDITABLE)
 	touch $@
 
 # Links a module added (or drops one removed) since the last install; quick, no dependencies.
@@ -112,9 +112,15 @@ k8s-check: venv
 		echo "$$overlay: valid"; \
 	done
 
+# The documentation site (mkdocs.yml) into site/: docs/, the README as its home page, the API
+# reference from docstrings and the contracts' reference from the protos' comments. Strict: a broken
+# link or anchor, or a page missing from the nav, fails the build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: venv lint-protos check-protos check-clients typecheck k8s-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache .ruff_cache .gpu-wheels $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
+	rm -rf $(VENV) .venv-vllm .tools build site .pytest_cache .ruff_cache .gpu-wheels $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
