@@ -37,7 +37,7 @@ run: venv
 # One OpenMP thread per process: tests start several torch processes at once on small machines,
 # and oversubscribed threads slow them down many times over.
 test: venv
-	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not vllm"
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not vllm and not prometheus"
 
 # vLLM pins its own torch, so the vLLM inference server has a virtualenv of its own (.venv-vllm).
 vllm-env:
@@ -111,6 +111,13 @@ k8s-check: venv
 		if [ -n "$$out" ]; then echo "$$out"; echo "$$overlay: not valid"; exit 1; fi; \
 		echo "$$overlay: valid"; \
 	done
+
+# A real Prometheus (Debian's package, installed when missing) scraping a live `pipelinerl run`, and
+# promtool on deploy/prometheus.yml and the Grafana dashboard's queries (docs/observability.md).
+prometheus-test: venv
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m prometheus tests/e2e/test_prometheus.py
 
 # The documentation site (mkdocs.yml) into site/: docs/, the README as its home page, the API
 # reference from docstrings and the contracts' reference from the protos' comments. Strict: a broken
