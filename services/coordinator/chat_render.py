@@ -15,13 +15,13 @@ Whether a rendering equals what the model sampled is `episode_tokens`'s to prove
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from pipelinerl.coordinator.tool_calls import ToolCallSyntax, syntax_for_template
+from pipelinerl.environment.openai_shape import message_to_openai, tool_to_openai
 from pipelinerl.environment.types import Message, Role, Tool, ToolCall
 
 
@@ -56,7 +56,7 @@ class ChatRenderer:
         writes them; with `add_generation_prompt`, the next assistant turn's opener too."""
         ids = self.tokenizer.apply_chat_template(
             [self._template_message(m) for m in messages],
-            tools=[tool_dict(t) for t in tools] or None,
+            tools=[tool_to_openai(t) for t in tools] or None,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
@@ -90,21 +90,10 @@ class ChatRenderer:
 
     def _template_message(self, message: Message) -> dict[str, Any]:
         """A message in the shape HF chat templates read (OpenAI's)."""
-        out: dict[str, Any] = {"role": message.role.value, "content": message.content}
-        if message.role is Role.ASSISTANT and message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "type": "function",
-                    "id": call.id,
-                    "function": {
-                        "name": call.name,
-                        "arguments": self.tool_calls.template_arguments(call.arguments),
-                    },
-                }
-                for call in message.tool_calls
-            ]
+        out = message_to_openai(message)
+        for call in out.get("tool_calls", ()):
+            call["function"]["arguments"] = self.tool_calls.template_arguments(call["function"]["arguments"])
         if message.role is Role.TOOL:
-            out["tool_call_id"] = message.tool_call_id
             out["name"] = message.name
         return out
 
@@ -114,14 +103,3 @@ def _token_id(value: object) -> int:
         raise TypeError(f"apply_chat_template returned {value!r} among the token ids")
     return value
 
-
-def tool_dict(tool: Tool) -> dict[str, Any]:
-    """`tool` in the OpenAI function shape, as plain JSON values."""
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": json.loads(json.dumps(tool.parameters)),
-        },
-    }

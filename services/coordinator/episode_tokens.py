@@ -23,6 +23,11 @@ such as one that strips `<think>`; tokens the model sampled that the tokenizer w
 otherwise; JSON the template re-serializes differently; an end token other than the template's),
 the episode forks: the sample ends after the model's turn, and a new one starts from the full
 render. A turn cut by `max_new_tokens` has no end to bridge from: the episode ends truncated.
+
+An agent that runs its own loop sends its whole history with each call (`add_history` instead of
+`add_reply`): the same check decides whether the call continues the sample (`continued`) or starts
+a new one (`forks`: the agent rewrote, summarized or truncated its history, or its last turn was
+cut by `max_new_tokens`, which is never bridged).
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ class Fork:
     at: int
     where: str
     """"earlier turns" (the template rewrote history the model already saw), "the model's turn"
-    (the turn does not render back as sampled), or "nothing added" (the render adds no token)."""
+    (the turn does not render back as sampled), "nothing added" (the render adds no token), or "a
+    cut turn" (an agent's call after a turn cut by `max_new_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,9 @@ class EpisodeTokens:
         self._turn_start = 0
         self._truncated = False
         self.forks = 0
+        """Samples started after the first: renders the sample could not be proven a prefix of."""
+        self.continued = 0
+        """Appends that continued the sample."""
         self.turns = 0
 
     @property
@@ -196,14 +205,35 @@ class EpisodeTokens:
             raise ValueError("a turn cut by max_new_tokens ends the episode: it is never bridged")
         if any(m.role is Role.ASSISTANT for m in reply):
             raise ValueError("an environment's reply has no assistant message")
-        self._messages += reply
+        return self._extend([*self._messages, *reply])
+
+    def add_history(self, messages: Sequence[Message], tools: Sequence[Tool] = ()) -> Append:
+        """An agent's next call: the whole history it sends, and its tools. Continues the sample
+        when the sample is the render's prefix, else forks; a turn cut by `max_new_tokens` always
+        forks. Also after a call that generated no turn (it was refused): the history then
+        extends the context appended for it."""
+        if not messages:
+            raise ValueError("a call holds at least one message")
+        self._tools = tuple(tools)
+        if self._awaiting_turn:  # the last call generated nothing: this one may repeat it
+            return self._extend(list(messages), repeat=True)
+        at = len(self._samples[-1].token_ids)
+        return self._extend(list(messages), Fork(at, "a cut turn") if self._truncated else None)
+
+    def _extend(self, messages: list[Message], fork: Fork | None = None, *, repeat: bool = False) -> Append:
+        """Render `messages` (and the next opener) and append what the render adds after the sample,
+        or start a new sample from the render (`fork`, or where the sample is not its prefix). With
+        `repeat`, a render equal to the sample continues it, adding nothing."""
+        self._messages = messages
         self._awaiting_turn = True
         full = self._renderer.render(self._messages, self._tools, add_generation_prompt=True)
         sample = self._samples[-1]
-        fork = self._divergence(sample.token_ids, full)
+        if fork is None and not (repeat and full == sample.token_ids):
+            fork = self._divergence(sample.token_ids, full)
         if fork is None:
             added = full[len(sample.token_ids) :]
             sample.token_ids += added
+            self.continued += 1
             return Append(tuple(added), None)
         self.forks += 1
         self._samples.append(_Sample(full))

@@ -6,11 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from typing import TYPE_CHECKING
 
 from pipelinerl.common.log import get_logger
 from pipelinerl.common.server import GrpcServer, run_service
 from pipelinerl.environment.config import EnvironmentSettings
 from pipelinerl.environment.loader import EnvironmentLoadError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from pipelinerl.environment.metrics import EnvironmentMetrics
 
 log = get_logger(__name__)
 
@@ -26,9 +32,12 @@ async def build(settings: EnvironmentSettings) -> GrpcServer:
     from pipelinerl.environment.metrics import EnvironmentMetrics
     from pipelinerl.environment.server import registration
 
-    cls = load_environment(settings.env, settings.env_args)
     registry = CollectorRegistry()
     metrics = EnvironmentMetrics(registry)
+    if settings.agent is not None:
+        return _agent_host(settings, settings.agent, registry, metrics)
+    assert settings.env is not None  # one of the two, by the settings' check
+    cls = load_environment(settings.env, settings.env_args)
     episodes = EpisodeTable(cls, settings.env_args, settings.limits(), observe_step=metrics.step_answered)
     metrics.watch(lambda: episodes.stats)
     reaper: asyncio.Task[None] | None = None
@@ -57,11 +66,31 @@ async def build(settings: EnvironmentSettings) -> GrpcServer:
     )
 
 
+def _agent_host(
+    settings: EnvironmentSettings, spec: str, registry: CollectorRegistry, metrics: EnvironmentMetrics
+) -> GrpcServer:
+    """An agent host: RunEpisode calls the agent function; draining refuses new episodes while
+    running ones go on for `drain_seconds`."""
+    from pipelinerl.environment.agent_host import AgentHost
+    from pipelinerl.environment.loader import load_agent
+    from pipelinerl.environment.server import registration
+
+    agent = load_agent(spec)
+    name = spec.removeprefix("builtin:") if spec.startswith("builtin:") else agent.__name__
+    host = AgentHost(name, agent, settings.env_args, settings.agent_limits())
+    metrics.watch(lambda: host.stats)
+
+    async def stop_starting() -> None:
+        host.stop_starting()
+
+    return GrpcServer(settings, [registration(host)], on_drain=[stop_starting], registry=registry)
+
+
 def main(argv: list[str]) -> None:
     try:
         run_service("environment", EnvironmentSettings, build, argv)
     except EnvironmentLoadError as exc:
-        log.error("cannot load the environment class", error=str(exc))
+        log.error("cannot load the environment class or agent", error=str(exc))
         raise SystemExit(2) from None
 
 

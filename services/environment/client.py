@@ -14,13 +14,17 @@ from __future__ import annotations
 from pipelinerl.common.channel import ChannelConfig, ServiceClient
 from pipelinerl.common.status import domain_errors
 from pipelinerl.environment.convert import (
+    agent_call_to_proto,
     info_from_proto,
     message_to_proto,
     opening_from_proto,
+    outcome_from_proto,
     stats_from_proto,
     step_from_proto,
 )
 from pipelinerl.environment.types import (
+    AgentCall,
+    AgentOutcome,
     EnvironmentInfo,
     EnvironmentStats,
     EpisodeOpening,
@@ -64,6 +68,12 @@ class EnvironmentClient(ServiceClient):
     async def end(self, episode_id: str, timeout_s: float | None = None) -> None:
         with domain_errors():
             await self._stub.EndEpisode(pb.EndEpisodeRequest(episode_id=episode_id), timeout=timeout_s)
+
+    async def run_episode(self, call: AgentCall, timeout_s: float | None = None) -> AgentOutcome:
+        """An agent host's whole episode (not idempotent: a failed one is run again under a new id)."""
+        with domain_errors():
+            response = await self._stub.RunEpisode(agent_call_to_proto(call), timeout=timeout_s)
+        return outcome_from_proto(response)
 
     async def status(self, timeout_s: float | None = None) -> EnvironmentStats:
         with domain_errors():

@@ -9,6 +9,8 @@ from google.protobuf.duration_pb2 import Duration
 
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.environment.types import (
+    AgentCall,
+    AgentOutcome,
     EnvironmentInfo,
     EnvironmentStats,
     EpisodeOpening,
@@ -110,6 +112,7 @@ def info_to_proto(info: EnvironmentInfo) -> pb.DescribeEnvironmentResponse:
         max_episodes=info.max_episodes,
         lease=lease,
         max_observation_bytes=info.max_observation_bytes,
+        agent=info.agent,
     )
 
 
@@ -123,7 +126,25 @@ def info_from_proto(msg: pb.DescribeEnvironmentResponse) -> EnvironmentInfo:
         max_episodes=msg.max_episodes,
         lease_s=msg.lease.ToNanoseconds() / 1e9,
         max_observation_bytes=msg.max_observation_bytes,
+        agent=msg.agent,
     )
+
+
+def agent_call_to_proto(call: AgentCall) -> pb.RunEpisodeRequest:
+    return pb.RunEpisodeRequest(**asdict(call))
+
+
+def agent_call_from_proto(msg: pb.RunEpisodeRequest) -> AgentCall:
+    return AgentCall(**{f.name: getattr(msg, f.name) for f in fields(AgentCall)})
+
+
+def outcome_to_proto(outcome: AgentOutcome) -> pb.RunEpisodeResponse:
+    rewards = [pb.RewardComponent(name=r.name, value=r.value) for r in outcome.rewards]
+    return pb.RunEpisodeResponse(rewards=rewards, truncated=outcome.truncated)
+
+
+def outcome_from_proto(msg: pb.RunEpisodeResponse) -> AgentOutcome:
+    return AgentOutcome(tuple(RewardComponent(r.name, r.value) for r in msg.rewards), msg.truncated)
 
 
 def stats_to_proto(stats: EnvironmentStats) -> pb.GetStatusResponse:

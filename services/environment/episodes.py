@@ -188,9 +188,9 @@ class EpisodeTable:
         cls, limits = self._cls, self.limits
 
         async def reset() -> Any:
-            env: Environment = await _call(lambda: cls(**self._env_args))
+            env: Environment = await run_code(lambda: cls(**self._env_args))
             episode.env = env
-            return await _call(env.reset, episode.seed, episode.task)
+            return await run_code(env.reset, episode.seed, episode.task)
 
         try:
             opening = check_opening(
@@ -254,7 +254,7 @@ class EpisodeTable:
         assert env is not None
         try:
             result = check_step(
-                await self._guarded(f"step of turn {turn}", lambda: _call(env.step, action)),
+                await self._guarded(f"step of turn {turn}", lambda: run_code(env.step, action)),
                 action,
                 turn,
                 episode.opening.max_turns if episode.opening else 0,
@@ -353,7 +353,7 @@ class EpisodeTable:
             return
         try:
             async with asyncio.timeout(self.limits.step_timeout_s):
-                await _call(env.close)
+                await run_code(env.close)
         except Exception:
             log.warning("closing an episode failed", episode_id=episode.id, exc_info=True)
 
@@ -365,7 +365,7 @@ def _owned(task: asyncio.Task[T]) -> asyncio.Task[T]:
     return task
 
 
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+async def run_code(fn: Callable[..., Any], *args: Any) -> Any:
     """Run an environment method: a coroutine function in this loop, a plain one in a thread; an
     awaitable that a plain one returns is awaited here."""
     result = await fn(*args) if inspect.iscoroutinefunction(fn) else await _in_thread(fn, *args)

@@ -1,6 +1,6 @@
-"""Finds the environment class the `env` setting names and checks it before the server starts:
-`package.module:Class` (importable, or found from the current directory), `path/to/file.py:Class`,
-or `builtin:<name>`."""
+"""Finds the environment class the `env` setting names (or the agent function `agent` names) and
+checks it before the server starts: `package.module:Class` (importable, or found from the current
+directory), `path/to/file.py:Class`, or `builtin:<name>`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ BUILTIN = {
     "blackjack": "pipelinerl.environment.adapters.gymnasium:Blackjack",
 }
 """`builtin:<name>` → where its class lives."""
+BUILTIN_AGENTS = {
+    "guess_number": "pipelinerl.environment.builtin.agents:guess_number",
+    "calculator": "pipelinerl.environment.builtin.agents:calculator",
+}
+"""`builtin:<name>` → where its agent function lives (the environment of that name, played through
+the chat-completions API)."""
 
 
 class EnvironmentLoadError(ValueError):
@@ -32,24 +39,42 @@ class EnvironmentLoadError(ValueError):
 def load_environment(spec: str, env_args: dict[str, Any] | None = None) -> type[Environment]:
     """The class `spec` names, checked: a subclass of Environment whose tools and limits are valid
     and whose constructor accepts `env_args`."""
-    if spec.startswith("builtin:"):
-        name = spec.removeprefix("builtin:")
-        if name not in BUILTIN:
-            raise EnvironmentLoadError(f"no built-in environment {name!r}; there are: {', '.join(BUILTIN)}")
-        spec = BUILTIN[name]
-    where, sep, attribute = spec.rpartition(":")
-    if not sep or not where or not attribute:
-        raise EnvironmentLoadError(
-            f"env {spec!r} must be package.module:Class, path/to/file.py:Class or builtin:<name>"
-        )
-    module = _load_module(where)
-    cls = getattr(module, attribute, None)
-    if cls is None:
-        raise EnvironmentLoadError(f"{where} has no attribute {attribute!r}")
+    cls = _load_attribute(spec, BUILTIN, "environment", "env", "Class")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise EnvironmentLoadError(f"{spec} is not a subclass of pipelinerl.environment.sdk.Environment")
     check_class(cls, env_args or {})
     return cls
+
+
+def load_agent(spec: str) -> Callable[..., Any]:
+    """The agent function `spec` names: a callable that takes the episode (`agent.Episode`)."""
+    agent = _load_attribute(spec, BUILTIN_AGENTS, "agent", "agent", "function")
+    if not callable(agent) or isinstance(agent, type):
+        raise EnvironmentLoadError(f"agent {spec} is not a function")
+    try:
+        inspect.signature(agent).bind(None)
+    except TypeError as exc:
+        raise EnvironmentLoadError(f"agent {spec} must take one argument, the episode: {exc}") from exc
+    except ValueError:  # a builtin without a signature: called as it is
+        pass
+    return agent
+
+
+def _load_attribute(spec: str, builtin: dict[str, str], what: str, setting: str, kind: str) -> Any:
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name not in builtin:
+            raise EnvironmentLoadError(f"no built-in {what} {name!r}; there are: {', '.join(builtin)}")
+        spec = builtin[name]
+    where, sep, attribute = spec.rpartition(":")
+    if not sep or not where or not attribute:
+        raise EnvironmentLoadError(
+            f"{setting} {spec!r} must be package.module:{kind}, path/to/file.py:{kind} or builtin:<name>"
+        )
+    found = getattr(_load_module(where), attribute, None)
+    if found is None:
+        raise EnvironmentLoadError(f"{where} has no attribute {attribute!r}")
+    return found
 
 
 def _load_module(where: str) -> Any:

@@ -186,6 +186,33 @@ class EnvironmentInfo:
     max_episodes: int
     lease_s: float
     max_observation_bytes: int
+    agent: bool = False
+    """An agent host: it runs whole episodes (`RunEpisode`), not StartEpisode and StepEpisode."""
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """What an agent host is asked to run: one episode, whose model calls go to `base_url`."""
+
+    episode_id: str
+    seed: int
+    task: str
+    base_url: str
+    """An OpenAI-compatible API for this episode only (`<base_url>/chat/completions`)."""
+    api_key: str
+    model: str
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """How an agent's episode ended: its named rewards, and whether it was cut short."""
+
+    rewards: tuple[RewardComponent, ...]
+    truncated: bool = False
+
+    @property
+    def reward(self) -> float:
+        return sum(c.value for c in self.rewards)
 
 
 @dataclass(frozen=True)

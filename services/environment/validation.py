@@ -161,9 +161,17 @@ def check_step(step: object, action: Message, turn: int, max_turns: int, max_byt
         raise EnvironmentFailed(f"{where} returned a {type(step).__name__}, not a Step")
     messages = _check_messages(step.messages, {Role.USER, Role.TOOL}, where, max_bytes, action.tool_calls)
     try:
-        rewards = step.components
+        rewards = check_rewards(step.components, where)
     except (TypeError, ValueError, AttributeError) as exc:
         raise EnvironmentFailed(f"{where}: rewards are not named values: {exc}") from exc
+    terminated, truncated = bool(step.terminated), bool(step.truncated)
+    if max_turns and turn >= max_turns and not terminated:
+        truncated = True
+    return StepResult(messages, rewards, terminated, truncated, turn)
+
+
+def check_rewards(rewards: Sequence[object], where: str) -> tuple[RewardComponent, ...]:
+    """Named, finite numbers (an environment's step, an agent's episode); EnvironmentFailed otherwise."""
     for reward in rewards:
         if not isinstance(reward, RewardComponent) or not isinstance(reward.name, str) or not reward.name:
             raise EnvironmentFailed(f"{where}: reward {reward!r} has no name")
@@ -171,8 +179,4 @@ def check_step(step: object, action: Message, turn: int, max_turns: int, max_byt
             raise EnvironmentFailed(f"{where}: reward {reward.name!r} is not a number")
         if not math.isfinite(reward.value):
             raise EnvironmentFailed(f"{where}: reward {reward.name!r} is {reward.value}")
-    rewards = tuple(RewardComponent(r.name, float(r.value)) for r in rewards)
-    terminated, truncated = bool(step.terminated), bool(step.truncated)
-    if max_turns and turn >= max_turns and not terminated:
-        truncated = True
-    return StepResult(messages, rewards, terminated, truncated, turn)
+    return tuple(RewardComponent(r.name, float(r.value)) for r in rewards if isinstance(r, RewardComponent))
