@@ -25,6 +25,7 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     from pipelinerl.coordinator.reward_pool import RewardPool
     from pipelinerl.coordinator.server import registration
     from pipelinerl.coordinator.submitter import TrainerSubmitter
+    from pipelinerl.coordinator.types import InferenceRole
     from pipelinerl.environment.client import EnvironmentClient
     from pipelinerl.trainer.client import TrainerClient
 
@@ -54,6 +55,15 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         refresh_s=settings.membership_refresh_s,
         lease_s=settings.inference_lease_s,
     )
+    evaluation_pool = InferencePool(channel)
+    evaluation_membership = Membership(
+        evaluation_pool,
+        static=settings.evaluation_addresses,
+        dns=settings.evaluation_dns,
+        refresh_s=settings.membership_refresh_s,
+        lease_s=settings.inference_lease_s,
+        role="evaluation",
+    )
     environments = ReplicaPool("environment replica", EnvironmentClient, channel)
     environment_membership = Membership(
         environments,
@@ -63,10 +73,14 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         role="environment",
     )
     submitter = TrainerSubmitter(trainer, journal, on_state=pool.follow)
-    coordinator = Coordinator(journal, pool, reward, submitter, settings.tokenizer, environments)
+    coordinator = Coordinator(
+        journal, pool, reward, submitter, settings.tokenizer, environments, evaluation_pool
+    )
 
     await pool.start()
     await membership.start()
+    await evaluation_pool.start()
+    await evaluation_membership.start()
     await reward.start()
     await reward_membership.start()
     await environments.start()
@@ -98,9 +112,11 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         await coordinator.close()
         await submitter.close()
         await membership.close()
+        await evaluation_membership.close()
         await reward_membership.close()
         await environment_membership.close()
         await pool.close()
+        await evaluation_pool.close()
         await reward.close()
         await environments.close()
         await trainer.close()
@@ -108,7 +124,12 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
 
     server = GrpcServer(
         settings,
-        [registration(coordinator, membership)],
+        [
+            registration(
+                coordinator,
+                {InferenceRole.TRAINING: membership, InferenceRole.EVALUATION: evaluation_membership},
+            )
+        ],
         on_start=[start_following],
         on_drain=[coordinator.close],
         on_close=[close],

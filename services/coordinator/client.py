@@ -9,10 +9,11 @@ from pipelinerl.common.status import domain_errors
 from pipelinerl.coordinator.convert import (
     evaluation_result_from_proto,
     evaluation_to_proto,
+    role_to_proto,
     run_from_proto,
     spec_to_proto,
 )
-from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, RunInfo, RunSpec
+from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, InferenceRole, RunInfo, RunSpec
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.coordinator.v1 import coordinator_pb2_grpc
 
@@ -47,10 +48,16 @@ class CoordinatorClient(ServiceClient):
         return evaluation_result_from_proto(response.result)
 
     async def register_inference_server(
-        self, address: str, leaving: bool = False, timeout_s: float | None = None
+        self,
+        address: str,
+        leaving: bool = False,
+        timeout_s: float | None = None,
+        role: InferenceRole = InferenceRole.TRAINING,
     ) -> float:
-        """Join the pool (or renew, or leave it); the lease granted, in seconds."""
-        request = pb.RegisterInferenceServerRequest(address=address, leaving=leaving)
+        """Join the pool of `role` (or renew, or leave it); the lease granted, in seconds."""
+        request = pb.RegisterInferenceServerRequest(
+            address=address, leaving=leaving, role=role_to_proto(role)
+        )
         with domain_errors():
             response = await self._stub.RegisterInferenceServer(request, timeout=timeout_s)
         return response.lease.ToTimedelta().total_seconds()

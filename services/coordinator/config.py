@@ -33,6 +33,12 @@ class CoordinatorSettings(ServiceSettings):
     inference_dns: list[str] = Field(default_factory=list)
     """`host:port` names re-resolved every `membership_refresh_s`: every address a name resolves to
     is a member (a Kubernetes headless Service gives one per ready pod)."""
+    evaluation_addresses: list[str] = Field(default_factory=list)
+    """`host:port` of evaluation servers (inference servers that take no training attempt) that are
+    always members of the evaluation pool: while one is connected, held-out evaluations run there
+    instead of on a training server. Servers with `role: evaluation` join it by registering too."""
+    evaluation_dns: list[str] = Field(default_factory=list)
+    """`host:port` names of evaluation servers, re-resolved as `inference_dns` is."""
     membership_refresh_s: float = Field(default=5.0, gt=0)
     """How often DNS names (`inference_dns`, `reward_dns`) are resolved again and lapsed
     registrations dropped."""

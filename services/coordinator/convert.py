@@ -15,6 +15,7 @@ from pipelinerl.coordinator.types import (
     EpisodeStats,
     EvaluationResult,
     EvaluationSpec,
+    InferenceRole,
     Mode,
     Progress,
     RunInfo,
@@ -32,6 +33,12 @@ MAX_GROUP_SIZE = min(MAX_BATCH_ITEMS, MAX_SAMPLES_PER_MESSAGE)
 
 _MODES = {Mode.PIPELINE: pb.MODE_PIPELINE, Mode.SYNC: pb.MODE_SYNC}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
+_ROLES = {
+    InferenceRole.TRAINING: pb.INFERENCE_ROLE_TRAINING,
+    InferenceRole.EVALUATION: pb.INFERENCE_ROLE_EVALUATION,
+}
+_ROLE_NAMES: dict[int, InferenceRole] = {pb.INFERENCE_ROLE_UNSPECIFIED: InferenceRole.TRAINING}
+_ROLE_NAMES.update((v, k) for k, v in _ROLES.items())
 _STATES = {
     RunState.RUNNING: pb.RUN_STATE_RUNNING,
     RunState.STOPPING: pb.RUN_STATE_STOPPING,
@@ -242,3 +249,14 @@ def run_from_proto(msg: pb.Run) -> RunInfo:
         error=msg.error,
         evaluations=tuple(evaluation_result_from_proto(e) for e in msg.evaluations),
     )
+
+
+def role_to_proto(role: InferenceRole) -> pb.InferenceRole:
+    return _ROLES[role]
+
+
+def role_from_proto(role: pb.InferenceRole.ValueType) -> InferenceRole:
+    """Unspecified (a server that predates the field) is training; InvalidArgument for an unknown value."""
+    if role not in _ROLE_NAMES:
+        raise InvalidArgument.field("role", f"unknown inference role {role}")
+    return _ROLE_NAMES[role]

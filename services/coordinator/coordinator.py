@@ -102,9 +102,12 @@ class Coordinator:
         submitter: TrainerSubmitter,
         tokenizer: str | None = None,
         environments: ReplicaPool[EnvironmentClient] | None = None,
+        evaluation_pool: InferencePool | None = None,
     ) -> None:
+        """`evaluation_pool`: the evaluation servers, which evaluate while one is connected."""
         self._journal = journal
         self._pool = pool
+        self._evaluation_pool = evaluation_pool
         self._reward = reward
         self._submitter = submitter
         self._tokenizer = tokenizer
@@ -160,7 +163,7 @@ class Coordinator:
             self._journal.set_run_state(run_id, RunState.RUNNING.value)
         schedule = None
         if evaluations:
-            evaluator = Evaluator(self._pool, self._reward, episodes)
+            evaluator = Evaluator(self._pool, self._reward, episodes, self._evaluation_pool)
             version = partial(getattr, self._submitter, "latest_version")
             schedule = EvaluationSchedule(run_id, evaluations, evaluator, self._journal, version)
         loop = RunLoop(
@@ -254,11 +257,11 @@ class Coordinator:
         return self._info(self._run(run_id))
 
     async def evaluate(self, spec: EvaluationSpec) -> EvaluationResult:
-        """`spec`'s set evaluated once, outside any run, on the inference servers at the newest
-        version one of them holds; nothing journaled. Its request ids are its own, so it may run beside
-        runs and other evaluations."""
+        """`spec`'s set evaluated once, outside any run, on the evaluation servers (the training
+        servers without them) at the newest version one of them holds; nothing journaled. Its
+        request ids are its own, so it may run beside runs and other evaluations."""
         problems = problems_outside_a_run(spec, self._tokenizer)
-        evaluator = Evaluator(self._pool, self._reward)
+        evaluator = Evaluator(self._pool, self._reward, evaluation_pool=self._evaluation_pool)
         return await evaluator.evaluate_once(
             spec, problems, f"evaluate-{uuid.uuid4().hex[:8]}", LIMITS_TIMEOUT_S
         )

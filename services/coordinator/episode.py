@@ -77,8 +77,10 @@ CORRECT = "correct"
 
 @dataclass(frozen=True)
 class _Turns:
-    """How an episode's turns are generated: where first, at which version, how sampled."""
+    """How an episode's turns are generated: on which pool and server first, at which version, how
+    sampled."""
 
+    pool: InferencePool
     prefer: str
     weight_version: int | None
     sampling: SamplingParams
@@ -149,12 +151,13 @@ class EpisodeDriver:
         prefer: str = "",
         weight_version: int | None = None,
         sampling: SamplingParams | None = None,
+        pool: InferencePool | None = None,
     ) -> EpisodeResult:
         """Play episode `episode_id` with `seed` to its end; FailedPrecondition after MAX_TRIES
         plays failed by the environment, another PipelineError when generation fails. An
-        evaluation's episode starts on server `prefer`, every turn at `weight_version`, with its
-        own `sampling` (the run's when None)."""
-        turns = _Turns(prefer, weight_version, sampling or self._spec.sampling)
+        evaluation's episode starts on server `prefer` of `pool` (the run's when None), every turn at
+        `weight_version`, with its own `sampling` (the run's when None)."""
+        turns = _Turns(pool or self._pool, prefer, weight_version, sampling or self._spec.sampling)
         failures = 0
         while True:
             async with self._environments.reserve() as replica:
@@ -219,7 +222,7 @@ class EpisodeDriver:
             request = GenerationRequest(
                 f"{episode_id}-t{tokens.turns + 1}", prompt, sampling, weight_version=turns.weight_version
             )
-            server, completion = await self._pool.generate(request, prefer=server)
+            server, completion = await turns.pool.generate(request, prefer=server)
             turn = tokens.add_turn(completion.tokens, completion.finish_reason)
             tool_calls += len(turn.message.tool_calls)
             if turn.truncated:

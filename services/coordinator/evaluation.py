@@ -5,8 +5,12 @@
     one finishes) ─► scored by the reward service (or played and scored by the environment)
     ─► EvaluationResult: mean reward, pass@1, unbiased pass@k, length, truncations
 
+The server is an evaluation server (`InferenceRole.EVALUATION`: it takes no training attempt, so
+holding it at v holds up no training and its evaluations take no training server's rows) while one
+is connected, and otherwise the training server with the newest version.
+
 The same evaluation runs outside any run (`evaluate_once`: the Evaluate RPC and `pipelinerl eval`),
-on whatever servers the pool holds, at the newest version one of them holds.
+on the same servers, at the newest version one of them holds.
 
 An evaluation is whole or absent: a server that moved past v before taking the first request
 refuses them all (FAILED_PRECONDITION), and one that leaves takes its requests with it; either way
@@ -45,6 +49,8 @@ MAX_TRIES = 5
 """Evaluations of one set abandoned in a row (a server moved on or left) before it fails."""
 SCORE_TIMEOUT_S = 60.0
 SERVER_POLL_S = 0.1
+CONNECT_GRACE_S = 5.0
+"""How long an evaluation waits for a pool's members to connect before it takes the next pool."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -119,12 +125,18 @@ class _Abandoned(Exception):
 
 
 class Evaluator:
-    """Evaluates sets on the run's inference servers, at a version one of them holds."""
+    """Evaluates sets on the evaluation servers, or the training servers while none is connected,
+    at a version one of them holds."""
 
     def __init__(
-        self, pool: InferencePool, reward: RewardPool, episodes: EpisodeDriver | None = None
+        self,
+        pool: InferencePool,
+        reward: RewardPool,
+        episodes: EpisodeDriver | None = None,
+        evaluation_pool: InferencePool | None = None,
     ) -> None:
-        self._pool = pool
+        self._pools = [p for p in (evaluation_pool, pool) if p is not None]
+        """In order of preference."""
         self._reward = reward
         self._episodes = episodes
         self._tries = itertools.count()
@@ -138,11 +150,11 @@ class Evaluator:
         `at_least` or newer. Request ids start with `label`. FailedPrecondition after MAX_TRIES
         abandoned tries."""
         for attempt in range(1, MAX_TRIES + 1):
-            server, version = await self._server_at(at_least)
+            pool, server, version = await self._server_at(at_least)
             started = time.monotonic()
             try:
                 label_of_try = f"{label}-v{version}.{next(self._tries)}"
-                outcomes = await self._run(spec, problems, server, version, label_of_try)
+                outcomes = await self._run(spec, problems, pool, server, version, label_of_try)
             except _Abandoned as exc:
                 log.warning("evaluation abandoned; trying again", dataset=spec.dataset, version=version,
                             server=server, attempt=attempt, why=str(exc))  # fmt: skip
@@ -158,37 +170,51 @@ class Evaluator:
         self, spec: EvaluationSpec, problems: Sequence[Problem], label: str, connect_timeout_s: float
     ) -> EvaluationResult:
         """`problems` (`problems_outside_a_run`) evaluated outside any run, at the newest version
-        a server holds: Unavailable when no inference server connects within `connect_timeout_s`,
-        InvalidArgument on `evaluation` when they would refuse its sampling."""
-        limits = await self._pool.limits(connect_timeout_s)
+        a server holds: Unavailable when no inference server (of the evaluation servers, if the
+        coordinator has any) connects within `connect_timeout_s`, InvalidArgument on `evaluation`
+        when they would refuse its sampling."""
+        pool = next(p for p in self._pools if p.members or p is self._pools[-1])
+        limits = await pool.limits(connect_timeout_s)
         limits.check_new_tokens(spec.sampling.max_new_tokens, "evaluation.sampling.max_new_tokens")
         return await self.evaluate(spec, problems, label=label)
 
-    async def _server_at(self, at_least: int) -> tuple[str, int]:
-        """(address, version) of the connected server with the newest version, once it is
-        `at_least`."""
+    async def _server_at(self, at_least: int) -> tuple[InferencePool, str, int]:
+        """(pool, address, version) of the connected server with the newest version in the first
+        pool that has one connected, once it is `at_least`. A pool whose members are all still
+        connecting (a server just started or restarted) is waited for up to CONNECT_GRACE_S."""
+        started = time.monotonic()
         while True:
-            held = await self._pool.versions()
-            if held:
-                address = max(held, key=lambda a: held[a])
-                if held[address] >= at_least:
-                    return address, held[address]
+            for pool in self._pools:
+                held = await pool.versions()
+                if not held and pool.members and time.monotonic() - started < CONNECT_GRACE_S:
+                    break
+                if held:
+                    address = max(held, key=lambda a: held[a])
+                    if held[address] >= at_least:
+                        return pool, address, held[address]
+                    break  # wait for this pool's servers rather than fall back to the next
             await asyncio.sleep(SERVER_POLL_S)
 
     async def _run(
-        self, spec: EvaluationSpec, problems: Sequence[Problem], server: str, version: int, label: str
+        self,
+        spec: EvaluationSpec,
+        problems: Sequence[Problem],
+        pool: InferencePool,
+        server: str,
+        version: int,
+        label: str,
     ) -> list[list[Outcome]]:
         k = spec.samples_per_problem
         ids = [[f"{label}-p{i}-s{j}" for j in range(k)] for i in range(len(problems))]
         if problems and problems[0].verifier == ENVIRONMENT:
-            return await self._play(problems, ids, server, version)
+            return await self._play(problems, ids, pool, server, version)
         requests = [
             GenerationRequest(rid, [], spec.sampling, prompt_text=p.prompt, weight_version=version)
             for p, row in zip(problems, ids, strict=True)
             for rid in row
         ]
         try:
-            generated = await _all([self._pool.generate(r, prefer=server) for r in requests])
+            generated = await _all([pool.generate(r, prefer=server) for r in requests])
         except (FailedPrecondition, Unavailable) as exc:
             raise _Abandoned(exc) from exc
         completions = {c.request_id: c for _, c in generated}
@@ -221,7 +247,12 @@ class Evaluator:
         return outcomes
 
     async def _play(
-        self, problems: Sequence[Problem], ids: list[list[str]], server: str, version: int
+        self,
+        problems: Sequence[Problem],
+        ids: list[list[str]],
+        pool: InferencePool,
+        server: str,
+        version: int,
     ) -> list[list[Outcome]]:
         """Episodes of held-out seeds (the problem's prompt), every turn at `version`."""
         episodes = self._episodes
@@ -230,7 +261,7 @@ class Evaluator:
         try:
             results = await _all(
                 [
-                    episodes.play(rid, int(p.prompt), prefer=server, weight_version=version)
+                    episodes.play(rid, int(p.prompt), prefer=server, weight_version=version, pool=pool)
                     for p, row in zip(problems, ids, strict=True)
                     for rid in row
                 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 
 import grpc
@@ -13,21 +13,25 @@ from pipelinerl.common.server import Registration
 from pipelinerl.coordinator.convert import (
     evaluation_from_proto,
     evaluation_result_to_proto,
+    role_from_proto,
     run_id_from_proto,
     run_to_proto,
     spec_from_proto,
 )
 from pipelinerl.coordinator.membership import Membership
-from pipelinerl.coordinator.types import CoordinatorCore
+from pipelinerl.coordinator.types import CoordinatorCore, InferenceRole
 from pipelinerl.coordinator.v1 import coordinator_pb2 as pb
 from pipelinerl.coordinator.v1 import coordinator_pb2_grpc
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
-    def __init__(self, core: CoordinatorCore, membership: Membership | None = None) -> None:
-        """Without `membership`, RegisterInferenceServer is FAILED_PRECONDITION."""
+    def __init__(
+        self, core: CoordinatorCore, memberships: Mapping[InferenceRole, Membership] | None = None
+    ) -> None:
+        """RegisterInferenceServer adds to the membership of the server's role: FAILED_PRECONDITION
+        for a role without one."""
         self._core = core
-        self._membership = membership
+        self._memberships = memberships or {}
 
     async def StartRun(
         self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext
@@ -60,18 +64,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     async def RegisterInferenceServer(
         self, request: pb.RegisterInferenceServerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterInferenceServerResponse:
-        if self._membership is None:
-            raise FailedPrecondition("this coordinator takes no registrations")
-        lease_s = self._membership.register(request.address, request.leaving)
+        role = role_from_proto(request.role)
+        membership = self._memberships.get(role)
+        if membership is None:
+            raise FailedPrecondition(f"this coordinator takes no registrations of {role.value} servers")
+        lease_s = membership.register(request.address, request.leaving)
         response = pb.RegisterInferenceServerResponse()
         response.lease.FromTimedelta(timedelta(seconds=lease_s))
         return response
 
 
-def registration(core: CoordinatorCore, membership: Membership | None = None) -> Registration:
+def registration(
+    core: CoordinatorCore, memberships: Mapping[InferenceRole, Membership] | None = None
+) -> Registration:
     return Registration(
         pb.DESCRIPTOR.services_by_name["CoordinatorService"].full_name,
         lambda server: coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server(
-            CoordinatorServicer(core, membership), server
+            CoordinatorServicer(core, memberships), server
         ),
     )

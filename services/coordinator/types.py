@@ -20,6 +20,15 @@ class Mode(enum.Enum):
     """Conventional baseline: generate a batch, score, train, repeat."""
 
 
+class InferenceRole(enum.Enum):
+    """What an inference server is for: the pool it joins."""
+
+    TRAINING = "training"
+    """Generates the attempts runs train on (and evaluates when no evaluation server is connected)."""
+    EVALUATION = "evaluation"
+    """Serves held-out evaluations only."""
+
+
 class RunState(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"

@@ -101,7 +101,7 @@ def _join_coordinator(settings: InferenceSettings, server: GrpcServer) -> None:
             keepalive=settings.keepalive,
         )
     )
-    lease = CoordinatorLease(coordinator)
+    lease = CoordinatorLease(coordinator, settings.role)
 
     async def join() -> None:
         await lease.start(advertised_address(settings.advertise_address, settings.host, server.port))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import SettingsConfigDict
 
 from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.coordinator.types import InferenceRole
 
 
 class EngineSettings(BaseModel):
@@ -73,6 +74,9 @@ class InferenceSettings(ServiceSettings, EngineSettings):
     coordinator_address: str | None = None
     """`host:port` of a coordinator to join: once serving, the server registers itself there
     (RegisterInferenceServer) and renews its lease until it drains."""
+    role: InferenceRole = InferenceRole.TRAINING
+    """The coordinator's pool it joins: `training` (the attempts of runs, and evaluations when the
+    coordinator has no evaluation server) or `evaluation` (held-out evaluations only)."""
     coordinator_auth_token: str | None = None
     """Bearer token of the coordinator, if it needs one."""
     coordinator_tls_ca_file: Path | None = None

@@ -146,7 +146,13 @@ class RunSettings(LayeredSettings):
     epochs: int = Field(default=1, ge=1)
     """Passes over a file dataset, each in an order of its own (built-in tasks are endless)."""
     inference_servers: int = Field(default=1, ge=1)
-    """Inference server processes."""
+    """Inference server processes that generate the attempts trained on."""
+    eval_servers: int | None = Field(default=None, ge=0)
+    """Inference servers of their own for held-out evaluation (`role: evaluation`): they follow the
+    trainer's versions as the others do but take no attempt that is trained on, so an evaluation
+    holds up no training server and takes none of its rows. On CPU they run niced, on the CPU time
+    the others leave idle. Unset: one when the run evaluates with the built-in engine on CPU, none
+    otherwise (evaluations then run on a training server, which holds its version meanwhile)."""
     reward_servers: int = Field(default=1, ge=1)
     """Reward service processes (replicas); the coordinator sends each Score call to the least
     loaded one, and to another if it fails there."""
@@ -225,6 +231,13 @@ class RunSettings(LayeredSettings):
         if self.eval is not None:
             return self.eval
         return [self.dataset] if self.environment is None and self.dataset.startswith("builtin:") else []
+
+    @property
+    def evaluation_servers(self) -> int:
+        """`eval_servers`, or its default."""
+        if self.eval_servers is not None:
+            return self.eval_servers
+        return int(bool(self.eval_sets) and self.engine == "builtin" and self.device == "cpu")
 
     @property
     def environment_class(self) -> str | None:

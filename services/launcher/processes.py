@@ -33,6 +33,7 @@ class Command:
     cores: set[int] | None
     python: str
     ranks: int
+    nice: int
 
 
 @dataclass
@@ -116,7 +117,9 @@ class ServiceProcess:
         if self.metrics_port is not None:
             config["metrics_port"] = self.metrics_port
         c = self.command
-        again = start_service(self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks)
+        again = start_service(
+            self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks, c.nice
+        )
         again.port, again.metrics_port = self.port, self.metrics_port
         return again
 
@@ -149,10 +152,12 @@ def start_service(
     cores: set[int] | None = None,
     python: str = sys.executable,
     ranks: int = 1,
+    nice: int = 0,
 ) -> ServiceProcess:
     """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`; with
     `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
-    The CPU seconds of torchrun's ranks count once they have exited."""
+    The CPU seconds of torchrun's ranks count once they have exited. `nice` > 0 lowers its
+    scheduling priority: it then runs mostly on CPU time the others leave idle."""
     ready_file = run_dir / f"{name}.address"
     ready_file.unlink(missing_ok=True)  # a resumed run's: the new process writes its own
     config = {
@@ -175,15 +180,17 @@ def start_service(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    if cores:
-        # Pinned from here, not by a `preexec_fn`: Python code between fork and exec crashes the
-        # child (SIGSEGV) about one time in five while gRPC's threads run in this process, as they
-        # do when the supervisor restarts a service. Popen returns once the child has exec'd, before
-        # its interpreter starts a thread of its own, so every thread it starts inherits the cores.
-        with contextlib.suppress(ProcessLookupError):  # it died already: its exit tells why
+    # Pinned and niced from here, not by a `preexec_fn`: Python code between fork and exec crashes
+    # the child (SIGSEGV) about one time in five while gRPC's threads run in this process, as they
+    # do when the supervisor restarts a service. Popen returns once the child has exec'd, before its
+    # interpreter starts a thread of its own, so every thread it starts inherits both.
+    with contextlib.suppress(ProcessLookupError):  # it died already: its exit tells why
+        if cores:
             os.sched_setaffinity(process.pid, cores)
-    log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any")
-    command = Command(module, config_path, cores, python, ranks)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any", nice=nice)
+    command = Command(module, config_path, cores, python, ranks, nice)
     return ServiceProcess(name, process, log_path, ready_file, command)
 
 

@@ -44,6 +44,10 @@ from pipelinerl.trainer.tracking import StepLogs
 log = get_logger(__name__)
 
 HEALTH_TIMEOUT_S = 180.0
+EVAL_NICE = 10
+"""How much lower the evaluation servers' scheduling priority is on CPU: they then run mostly on the
+CPU time the training services leave idle (a nice-10 thread gets about a tenth of a core that a
+nice-0 thread also wants)."""
 RESUME_EVERY_S = 0.5
 
 Route = Callable[[str, Callable[[], str | None]], str]
@@ -249,17 +253,22 @@ async def start_services(
     await coordinator.wait_healthy(HEALTH_TIMEOUT_S, ca)
     coordinator_address = _given(route, "coordinator", processes)
     inference: list[ServiceProcess] = []
-    for i, cores in enumerate(inference_cores):
+    python = str(settings.vllm_python) if settings.engine == "vllm" else sys.executable
+    servers = [(f"inference-{i}", "training", cores, 0) for i, cores in enumerate(inference_cores)]
+    nice = EVAL_NICE if settings.device == "cpu" else 0
+    servers += [(f"evaluation-{i}", "evaluation", None, nice) for i in range(settings.evaluation_servers)]
+    for name, role, cores, nice in servers:
         server = {
             "trainer_address": addresses["trainer_address"],
-            "receiver_id": f"inference-{i}",
+            "receiver_id": name,
+            "role": role,
             "coordinator_address": coordinator_address,
-            **_advertised(route, f"inference-{i}", processes),
+            **_advertised(route, name, processes),
         }
-        python = str(settings.vllm_python) if settings.engine == "vllm" else sys.executable
         config = merge(configs["inference"], server)
-        name = f"inference-{i}"
-        inference.append(start_service(name, "pipelinerl.inference", config, run_dir, cores, python))
+        inference.append(
+            start_service(name, "pipelinerl.inference", config, run_dir, cores, python, nice=nice)
+        )
         processes.insert(len(processes) - 1, inference[-1])  # before the coordinator, which stops first
     await asyncio.gather(*(p.wait_healthy(HEALTH_TIMEOUT_S, ca) for p in inference))
     write_targets(run_dir / "prometheus_targets.json", processes)

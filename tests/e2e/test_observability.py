@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
-from pipelinerl.launcher.report import read_points
+from pipelinerl.launcher.report import read_evaluations, read_points
 from pipelinerl.launcher.run import launch
 from tests.observability_docs import documented_metrics
 from tests.tracking import tensorboard_series, wandb_series
@@ -29,7 +29,13 @@ from tests.tracking import tensorboard_series, wandb_series
 pytestmark = pytest.mark.slow
 
 BUDGET = 1536
-SECTIONS = {"coordinator": "Coordinator", "inference": "Inference", "trainer": "Trainer", "reward": "Reward"}
+SECTIONS = {
+    "coordinator": "Coordinator",
+    "inference": "Inference",
+    "evaluation": "Inference",
+    "trainer": "Trainer",
+    "reward": "Reward",
+}
 Scrape = dict[str, Metric]
 
 
@@ -92,7 +98,7 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
         assert not run.done(), run.result()
         await asyncio.sleep(0.2)
     addresses = {t["labels"]["instance"]: t["targets"][0] for t in json.loads(targets.read_text())}
-    assert set(addresses) == {"reward", "trainer", "inference-0", "coordinator"}
+    assert set(addresses) == {"reward", "trainer", "inference-0", "evaluation-0", "coordinator"}
 
     first = await scrape_all(addresses)
     later = first
@@ -121,6 +127,13 @@ async def test_a_run_is_seen_in_metrics_tracking_and_logs(tmp_path: Path) -> Non
 
     assert value(later["coordinator"], "pipelinerl_coordinator_eval_weight_version", run="run",
                  dataset="builtin:copy:2") >= 0  # fmt: skip
+    # Every evaluation ran on the evaluation server, which followed the trainer; none held up the
+    # training server at a version.
+    evaluation_server = next(p.address for p in processes if p.name == "evaluation-0")
+    evaluations = read_evaluations(run_dir / "metrics.jsonl")
+    assert len(evaluations) >= 2 and {e.evaluation["server"] for e in evaluations} == {evaluation_server}
+    assert value(later["evaluation-0"], "pipelinerl_inference_weight_version") > 0
+    assert value(later["inference-0"], "pipelinerl_inference_weight_pinned_waits") == 0
     for series in (tensorboard_series(run_dir / "tensorboard"), wandb_series(run_dir / "wandb")):
         for name in ("reward_mean", "lag_mean", "ess"):
             steps = [step for step, _ in series[name]]

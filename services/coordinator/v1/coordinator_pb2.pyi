@@ -26,6 +26,12 @@ class RunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATE_STOPPED: _ClassVar[RunState]
     RUN_STATE_COMPLETED: _ClassVar[RunState]
     RUN_STATE_FAILED: _ClassVar[RunState]
+
+class InferenceRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INFERENCE_ROLE_UNSPECIFIED: _ClassVar[InferenceRole]
+    INFERENCE_ROLE_TRAINING: _ClassVar[InferenceRole]
+    INFERENCE_ROLE_EVALUATION: _ClassVar[InferenceRole]
 MODE_UNSPECIFIED: Mode
 MODE_PIPELINE: Mode
 MODE_SYNC: Mode
@@ -35,6 +41,9 @@ RUN_STATE_STOPPING: RunState
 RUN_STATE_STOPPED: RunState
 RUN_STATE_COMPLETED: RunState
 RUN_STATE_FAILED: RunState
+INFERENCE_ROLE_UNSPECIFIED: InferenceRole
+INFERENCE_ROLE_TRAINING: InferenceRole
+INFERENCE_ROLE_EVALUATION: InferenceRole
 
 class RunSpec(_message.Message):
     __slots__ = ("dataset", "group_size", "max_samples", "sampling", "mode", "max_in_flight", "seed", "environment", "max_turns", "evaluations", "epochs", "eval_split")
@@ -237,12 +246,14 @@ class WatchRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class RegisterInferenceServerRequest(_message.Message):
-    __slots__ = ("address", "leaving")
+    __slots__ = ("address", "leaving", "role")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     address: str
     leaving: bool
-    def __init__(self, address: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    role: InferenceRole
+    def __init__(self, address: _Optional[str] = ..., leaving: _Optional[bool] = ..., role: _Optional[_Union[InferenceRole, str]] = ...) -> None: ...
 
 class RegisterInferenceServerResponse(_message.Message):
     __slots__ = ("lease",)

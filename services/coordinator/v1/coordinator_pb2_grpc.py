@@ -104,7 +104,8 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterInferenceServer(self, request, context):
-        """Adds an inference server to the pool every run draws from, or renews its lease: a server
+        """Adds an inference server to the pool every run draws from (or, by its `role`, to the pool of
+        evaluation servers), or renews its lease: a server
         started with the coordinator's address calls it at once and then about every third of the
         returned lease. The coordinator drops a server whose lease lapses, and at once one that calls
         with `leaving` (its requests in flight still finish). The same address twice is one member.
@@ -115,9 +116,9 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Evaluate(self, request, context):
-        """Evaluates one set once, outside any run: on the coordinator's inference servers, at the newest
-        weight version one of them holds (every token of the set by that version), scored by its
-        reward service. Nothing is trained or journaled. INVALID_ARGUMENT for a set that cannot be
+        """Evaluates one set once, outside any run: on the coordinator's evaluation servers (its training
+        servers when none is connected), at the newest weight version one of them holds (every token
+        of the set by that version), scored by its reward service. Nothing is trained or journaled. INVALID_ARGUMENT for a set that cannot be
         read or a sampling the servers refuse; FAILED_PRECONDITION when the servers keep moving to
         newer versions before an evaluation is whole, or for an `environment:` set (its episodes are
         evaluated during its run only); UNAVAILABLE when no inference server connects.
