@@ -53,11 +53,11 @@ class _Pool:
 
 class _Reward:
     async def score(self, items: Sequence[ScoreItem], timeout_s: float) -> list[ScoreResult]:
+        right = [i.completion == i.answer for i in items]
         return [
-            ScoreResult(i.sample_id, 1.0, [VerifierDetail(i.verifier, 1.0, 1.0, "")]) if i.completion == i.answer
-            else ScoreResult(i.sample_id, 0.0)
-            for i in items
-        ]  # fmt: skip
+            ScoreResult(i.sample_id, float(r), [VerifierDetail(i.verifier, float(r), 1.0, "")])
+            for i, r in zip(items, right, strict=True)
+        ]
 
 
 async def _evaluate(training: _Pool, evaluation: _Pool | None) -> str:
