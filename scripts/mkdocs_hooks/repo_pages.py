@@ -1,4 +1,4 @@
-"""MkDocs hook: the README as the site's home page, clients/README.md as a page, and links written
+"""MkDocs hook: the README as the site's home page, the clients' READMEs as pages, and links written
 for reading on the repository (`docs/trainer.md` from the README, `../README.md` from docs/)
 pointed at the same pages on the site, so one Markdown source serves both."""
 
@@ -15,7 +15,11 @@ from mkdocs.structure.pages import Page
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = "docs"
 # Pages made from files outside docs/: site path → repository path.
-FROM_REPO = {"index.md": "README.md", "clients.md": "clients/README.md"}
+FROM_REPO = {
+    "index.md": "README.md",
+    "clients.md": "clients/README.md",
+    "clients-typescript.md": "clients/typescript/README.md",
+}
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 EXTERNAL = re.compile(r"^([a-z][a-z0-9+.-]*:|#|/)", re.IGNORECASE)
 
