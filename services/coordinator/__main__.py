@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from pathlib import Path
 
 from pipelinerl.common.channel import ChannelConfig
 from pipelinerl.common.server import GrpcServer, run_service
@@ -73,8 +74,16 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         role="environment",
     )
     submitter = TrainerSubmitter(trainer, journal, on_state=pool.follow)
+    gateway = None
+    if settings.agent_gateway_port is not None:
+        from pipelinerl.coordinator.gateway import AgentGateway
+
+        model = Path(settings.tokenizer).name if settings.tokenizer else "policy"
+        host, port, url = settings.agent_gateway_host, settings.agent_gateway_port, settings.agent_gateway_url
+        gateway = AgentGateway(host, port, url, model)
+        await gateway.start()
     coordinator = Coordinator(
-        journal, pool, reward, submitter, settings.tokenizer, environments, evaluation_pool
+        journal, pool, reward, submitter, settings.tokenizer, environments, evaluation_pool, gateway
     )
 
     await pool.start()
@@ -120,6 +129,8 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
         await reward.close()
         await environments.close()
         await trainer.close()
+        if gateway is not None:
+            await gateway.close()
         journal.close()
 
     server = GrpcServer(

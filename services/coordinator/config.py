@@ -69,6 +69,14 @@ class CoordinatorSettings(ServiceSettings):
     """SQLite journal of every attempt (WAL); a restarted coordinator resumes its runs from it.
     Default `$XDG_STATE_HOME/pipelinerl/coordinator.sqlite` (`~/.local/state/pipelinerl/...`);
     its folder is created if missing."""
+    agent_gateway_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the chat-completions endpoint that agent runs call (docs/agents.md); 0 picks a free
+    one. Unset: no endpoint, and a run on an agent host is refused."""
+    agent_gateway_host: str = "127.0.0.1"
+    """Address the endpoint binds (`0.0.0.0` for agent hosts on other machines)."""
+    agent_gateway_url: str | None = None
+    """Base URL the agent hosts are given for the endpoint (`http://coordinator:8000`); unset:
+    `http://<agent_gateway_host>:<port>`."""
     tokenizer: str | None = None
     """Local HF tokenizer directory (or a preset's name: `tiny`) whose chat template wraps the
     prompts of file datasets and renders the episodes of environment runs."""

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from pipelinerl.common.log import bind_context, get_logger
@@ -34,6 +34,9 @@ from pipelinerl.coordinator.submitter import TrainerSubmitter
 from pipelinerl.coordinator.tasks import Problem
 from pipelinerl.coordinator.types import EvaluationResult, EvaluationSpec, Mode, RunInfo, RunSpec, RunState
 from pipelinerl.environment.client import EnvironmentClient
+
+if TYPE_CHECKING:
+    from pipelinerl.coordinator.gateway import AgentGateway
 
 log = get_logger(__name__)
 
@@ -103,11 +106,14 @@ class Coordinator:
         tokenizer: str | None = None,
         environments: ReplicaPool[EnvironmentClient] | None = None,
         evaluation_pool: InferencePool | None = None,
+        gateway: AgentGateway | None = None,
     ) -> None:
-        """`evaluation_pool`: the evaluation servers, which evaluate while one is connected."""
+        """`evaluation_pool`: the evaluation servers, which evaluate while one is connected;
+        `gateway`: the chat-completions endpoint of agent runs."""
         self._journal = journal
         self._pool = pool
         self._evaluation_pool = evaluation_pool
+        self._gateway = gateway
         self._reward = reward
         self._submitter = submitter
         self._tokenizer = tokenizer
@@ -213,7 +219,23 @@ class Coordinator:
                 f"spec.environment is {spec.environment!r}, but the environment replicas serve {info.name!r}"
             )
         renderer = ChatRenderer(load_tokenizer(self._tokenizer))
-        return EpisodeDriver(spec, self._pool, environments, renderer, max_context=limits.max_context)
+        if not info.agent:
+            return EpisodeDriver(spec, self._pool, environments, renderer, max_context=limits.max_context)
+        if self._gateway is None:
+            raise FailedPrecondition(
+                f"{info.name!r} is an agent host; its runs need the coordinator's agent_gateway_port"
+            )
+        from pipelinerl.coordinator.agent_episode import AgentDriver
+
+        return AgentDriver(
+            spec,
+            self._pool,
+            environments,
+            renderer,
+            max_context=limits.max_context,
+            gateway=self._gateway,
+            model=self._gateway.model,
+        )
 
     def _evaluation_sets(
         self, spec: RunSpec, limits: ServerLimits

@@ -17,7 +17,7 @@ from pipelinerl.common.errors import FieldViolation, InvalidArgument
 from pipelinerl.common.presets import PRESETS, not_a_model
 from pipelinerl.common.settings import split_config_flag
 from pipelinerl.coordinator.tasks import parse_builtin
-from pipelinerl.environment.loader import EnvironmentLoadError, load_environment
+from pipelinerl.environment.loader import EnvironmentLoadError, load_agent, load_environment
 from pipelinerl.launcher.config import RunSettings
 
 
@@ -45,6 +45,13 @@ def check_run(settings: RunSettings) -> None:
             load_environment(settings.environment_class, settings.environment_args)
         except EnvironmentLoadError as exc:
             violations.append(FieldViolation("environment", str(exc)))
+    elif settings.agent_function is not None and settings.environment_servers > 0:
+        try:
+            load_agent(settings.agent_function)
+        except EnvironmentLoadError as exc:
+            violations.append(FieldViolation("agent", str(exc)))
+    elif settings.agent is not None:
+        pass  # hosted apart: nothing here to check
     elif settings.dataset.startswith("builtin:"):
         try:
             parse_builtin(settings.dataset)

@@ -118,8 +118,14 @@ class RunSettings(LayeredSettings):
     """Train on the multi-turn episodes of this environment instead of `dataset`'s prompts: a
     built-in's name (`guess_number`, `calculator`, `frozen_lake`, `blackjack`), or
     `package.module:Class` / `path/to/file.py:Class` (docs/environments.md)."""
+    agent: str | None = None
+    """Train an agent that runs its own loop against a chat-completions endpoint instead: a
+    built-in's name (`guess_number`, `calculator`), or `package.module:function` /
+    `path/to/file.py:function` (docs/agents.md). The launcher hosts it (`environment_servers` agent
+    hosts) and the coordinator serves the endpoint."""
     environment_args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment class (`--environment-args '{"high": 8}'`)."""
+    """Keyword arguments of the environment class (`--environment-args '{"high": 8}'`); an agent's
+    `Episode.args`."""
     environment_servers: int = Field(default=1, ge=0)
     """Environment service processes (replicas); each episode goes to the least loaded one and stays.
     0: start none, and play on the replicas `coordinator: {environment_addresses: [...]}` names
@@ -216,12 +222,23 @@ class RunSettings(LayeredSettings):
             raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file, or coordinator_address")
         return self
 
+    @model_validator(mode="after")
+    def _one_kind_of_episode(self) -> Self:
+        if self.environment is not None and self.agent is not None:
+            raise ValueError("environment and agent are two kinds of run: set one")
+        return self
+
+    @property
+    def episodic(self) -> bool:
+        """The run plays episodes, of an environment or of an agent, instead of `dataset`'s prompts."""
+        return self.environment is not None or self.agent is not None
+
     @property
     def completion_tokens(self) -> int:
         """`max_new_tokens`, or what the dataset (or one turn of an episode) needs when it is unset."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        if self.environment is not None:
+        if self.episodic:
             return TURN_TOKENS
         return max_new_tokens(self.dataset) if self.dataset.startswith("builtin:") else 3
 
@@ -230,7 +247,7 @@ class RunSettings(LayeredSettings):
         """The held-out sets the run evaluates (`eval`, or its default)."""
         if self.eval is not None:
             return self.eval
-        return [self.dataset] if self.environment is None and self.dataset.startswith("builtin:") else []
+        return [self.dataset] if not self.episodic and self.dataset.startswith("builtin:") else []
 
     @property
     def evaluation_servers(self) -> int:
@@ -245,6 +262,13 @@ class RunSettings(LayeredSettings):
         if self.environment is None or ":" in self.environment or self.environment_servers == 0:
             return self.environment
         return f"builtin:{self.environment}"
+
+    @property
+    def agent_function(self) -> str | None:
+        """`agent` as the agent host's `agent` setting: a bare name is a built-in's."""
+        if self.agent is None or ":" in self.agent or self.environment_servers == 0:
+            return self.agent
+        return f"builtin:{self.agent}"
 
     @property
     def client_ca_file(self) -> Path | None:

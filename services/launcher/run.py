@@ -141,9 +141,12 @@ def _service_settings(settings: RunSettings, run_dir: Path, threads: int) -> dic
     if settings.client_ca_file is not None:  # each verifies the others' TLS with the run's CA
         inference["trainer_tls_ca_file"] = inference["coordinator_tls_ca_file"] = str(settings.client_ca_file)
         coordinator["services_tls_ca_file"] = str(settings.client_ca_file)
-    if settings.environment is not None:  # the coordinator renders episodes with the model's template
+    if settings.episodic:  # the coordinator renders episodes with the model's template
         coordinator["tokenizer"] = settings.model
-    environment = {"env": settings.environment_class, "env_args": settings.environment_args, **shared}
+    if settings.agent is not None:  # the chat-completions endpoint the agents call, on a free port
+        coordinator["agent_gateway_port"] = 0
+    hosted = {"agent": settings.agent_function} if settings.agent else {"env": settings.environment_class}
+    environment = {**hosted, "env_args": settings.environment_args, **shared}
     return {
         "environment": environment,
         "reward": merge({"workers": 1, **shared}, overrides(settings.reward)),
@@ -234,7 +237,7 @@ async def start_services(
     )
     processes.append(trainer)
     environments: list[ServiceProcess] = []
-    for i in range(settings.environment_servers if settings.environment is not None else 0):
+    for i in range(settings.environment_servers if settings.episodic else 0):
         name = "environment" if settings.environment_servers == 1 else f"environment-{i}"
         environments.append(start_service(name, "pipelinerl.environment", configs["environment"], run_dir))
         processes.append(environments[-1])
@@ -298,7 +301,7 @@ def _advertised(route: Route | None, name: str, processes: list[ServiceProcess])
 def _spec(settings: RunSettings) -> RunSpec:
     sampling = SamplingParams(max_new_tokens=settings.completion_tokens, temperature=settings.temperature)
     return RunSpec(
-        dataset="" if settings.environment is not None else settings.dataset,
+        dataset="" if settings.episodic else settings.dataset,
         environment=_environment_name(settings),
         max_turns=settings.max_turns,
         group_size=settings.group_size,
@@ -324,7 +327,15 @@ def _evaluation(settings: RunSettings, name: str) -> EvaluationSpec:
 
 
 def _environment_name(settings: RunSettings) -> str:
-    """The name the run's environment describes itself with (its class's), or "" for none."""
+    """The name the run's environment (or agent host) describes itself with, or "" for none."""
+    if settings.agent_function is not None:
+        from pipelinerl.environment.loader import agent_name
+
+        return (
+            settings.agent_function
+            if settings.environment_servers == 0
+            else agent_name(settings.agent_function)
+        )
     if settings.environment_class is None:
         return ""
     if settings.environment_servers == 0:  # served apart: the name is given
@@ -387,7 +398,8 @@ async def _watch(
         if len(run.evaluations) > len(metrics.evaluations):  # the last version's, as the run ended
             metrics.add(Point.of(run, elapsed, restarts), run)
     last = metrics.points[-1] if metrics.points else Point.of(run, elapsed, restarts)
-    title = f"{settings.environment or settings.dataset} — {settings.mode} mode, {settings.model}"
+    task = settings.environment or settings.agent or settings.dataset
+    title = f"{task} — {settings.mode} mode, {settings.model}"
     plot_path = plot(metrics.points, settings.run_dir / "plot.png", title, metrics.evaluations)
     target = settings.target_reward if settings.target_reward is not None else 0.8
     return RunResult(
