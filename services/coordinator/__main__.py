@@ -99,6 +99,8 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     submitter.start()
     registry = CollectorRegistry()
     metrics.watch(registry, coordinator.runs, journal.counts, pool, reward, environments)
+    if gateway is not None:
+        gateway.watch(registry)
 
     follower: list[asyncio.Task[None]] = []
 

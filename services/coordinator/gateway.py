@@ -26,14 +26,24 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from starlette.exceptions import HTTPException
 
 from pipelinerl.common.log import get_logger
+from pipelinerl.common.metrics import counters, register_snapshot
 from pipelinerl.coordinator.openai_api import Answer, ApiError, ChatRequest, parse_request
 
 log = get_logger(__name__)
 
 START_TIMEOUT_S = 10.0
+PREFIX = "pipelinerl_coordinator_agent"
+_COUNT_DOCS = {
+    "calls_answered": "Chat-completions calls of agents answered.",
+    "calls_refused": "Chat-completions calls of agents refused (4xx, 5xx).",
+    "calls_continued": "Agent calls whose history extended their episode's tokens: its sample continued.",
+    "calls_new_sample": "Agent calls whose history did not (rewritten, or after a cut turn): a new sample.",
+}
 
 
 class Episode(Protocol):
@@ -105,6 +115,16 @@ class AgentGateway:
             return
         self._server.should_exit = True
         await self._task
+
+    def watch(self, registry: CollectorRegistry) -> None:
+        """Expose the call counts on `registry` (`pipelinerl_coordinator_agent_*`)."""
+
+        def snapshot() -> Iterator[Metric]:
+            c = self.counts
+            values = [c.answered, c.refused, c.continued, c.new_samples]
+            yield from counters(PREFIX, _COUNT_DOCS, dict(zip(_COUNT_DOCS, values, strict=True)))
+
+        register_snapshot(registry, snapshot)
 
     @contextlib.contextmanager
     def episode(self, episode: Episode) -> Iterator[tuple[str, str]]:
