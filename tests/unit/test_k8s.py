@@ -20,6 +20,7 @@ import yaml
 
 from pipelinerl.common.settings import ServiceSettings
 from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.coordinator.types import InferenceRole
 from pipelinerl.environment.config import EnvironmentSettings
 from pipelinerl.inference.config import InferenceSettings
 from pipelinerl.reward.config import RewardSettings
@@ -142,6 +143,7 @@ def calls(pod: Pod, trainer: TrainerSettings) -> Iterator[tuple[str, str]]:
     s = pod.settings
     if isinstance(s, CoordinatorSettings):
         addresses = [s.trainer_address, *s.inference_addresses, *s.inference_dns]
+        addresses += [*s.evaluation_addresses, *s.evaluation_dns]
         addresses += [*s.reward_address, *s.reward_dns, *s.environment_addresses, *s.environment_dns]
         for address in addresses:
             yield address, "grpc"
@@ -206,7 +208,11 @@ def test_every_command_parses_and_every_address_names_a_service_port(overlay: st
 
     assert coordinator.inference_dns and coordinator.reward_dns, "pools follow kubectl scale"
     assert coordinator.environment_dns and coordinator.tokenizer, "environment runs need both"
-    for dns in [*coordinator.inference_dns, *coordinator.reward_dns, *coordinator.environment_dns]:
+    assert coordinator.evaluation_dns, "evaluation servers follow kubectl scale"
+    evaluation = found["evaluation"].settings
+    assert isinstance(evaluation, InferenceSettings) and evaluation.role is InferenceRole.EVALUATION
+    dns_names = [*coordinator.inference_dns, *coordinator.reward_dns, *coordinator.environment_dns]
+    for dns in [*dns_names, *coordinator.evaluation_dns]:
         spec = services[dns.rsplit(":", 1)[0]]["spec"]
         assert spec.get("clusterIP") == "None" and not spec["publishNotReadyAddresses"], (
             f"{dns}: not headless"
