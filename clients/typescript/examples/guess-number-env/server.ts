@@ -3,6 +3,11 @@
 //
 //   node server.js [--port 50054] [--host 127.0.0.1] [--ready-file F] [--max-episodes 256]
 //                  [--lease-s 600] [--max-observation-bytes 1048576] [--low 1] [--high 16] [--turns 6]
+//                  [--agent]
+//
+// With --agent it is an agent host instead (docs/agents.md): RunEpisode plays a whole episode of the
+// game as an agent that runs its own loop with the `openai` npm package against the episode's
+// base_url (agent.ts), and StartEpisode/StepEpisode are UNIMPLEMENTED.
 //
 // Once bound it prints `listening HOST:PORT` on stdout (and writes HOST:PORT to --ready-file);
 // `--port 0` binds a free port. The server's settings also come from PIPELINERL_ENVIRONMENT_PORT,
@@ -19,7 +24,12 @@ import {
   Health,
   HealthCheckResponse_ServingStatus as ServingStatus,
 } from "../../src/gen/health/v1/health_pb.js";
-import { EnvironmentService } from "../../src/gen/pipelinerl/environment/v1/environment_pb.js";
+import {
+  EnvironmentService,
+  type RunEpisodeRequest,
+  type RunEpisodeResponse,
+} from "../../src/gen/pipelinerl/environment/v1/environment_pb.js";
+import { playEpisode } from "./agent.js";
 import { EpisodeTable, type Game } from "./episodes.js";
 import { guessNumber } from "./game.js";
 
@@ -35,9 +45,10 @@ const OPTIONS = {
   low: { type: "string", default: "1" },
   high: { type: "string", default: "16" },
   turns: { type: "string", default: "6" },
+  agent: { type: "boolean", default: false },
 } as const;
 const USAGE = `usage: server.js [--port 50054] [--host 127.0.0.1] [--ready-file F] [--max-episodes 256] [--lease-s 600]
-                 [--max-observation-bytes 1048576] [--low 1] [--high 16] [--turns 6]`;
+                 [--max-observation-bytes 1048576] [--low 1] [--high 16] [--turns 6] [--agent]`;
 
 function parsed() {
   try {
@@ -80,6 +91,32 @@ const table = new EpisodeTable(
   },
 );
 const { limits } = table;
+const agent = values.agent;
+const agentCounts = { running: 0, started: 0n, failures: 0n };
+const notHere = () => new ConnectError("this server is an agent host: it runs whole episodes (RunEpisode)", Code.Unimplemented);
+
+/** One RunEpisode: the game played by the agent; its failures are INTERNAL (the caller plays it again). */
+async function runEpisode(request: RunEpisodeRequest, signal: AbortSignal): Promise<RunEpisodeResponse> {
+  if (!agent) {
+    throw new ConnectError("this server serves StartEpisode and StepEpisode; it runs no agent", Code.Unimplemented);
+  }
+  if (serving !== ServingStatus.SERVING) {
+    throw new ConnectError("the host is draining", Code.Unavailable);
+  }
+  if (agentCounts.running >= limits.maxEpisodes) {
+    throw new ConnectError(`the host runs ${agentCounts.running} episodes, its max_episodes`, Code.ResourceExhausted);
+  }
+  agentCounts.running += 1;
+  agentCounts.started += 1n;
+  try {
+    return await playEpisode(table.game, request, signal);
+  } catch (error) {
+    agentCounts.failures += 1n;
+    throw new ConnectError(`the agent failed: ${(error as Error).message}`, Code.Internal);
+  } finally {
+    agentCounts.running -= 1;
+  }
+}
 
 // grpc.health.v1: SERVING for the server ("") and for the EnvironmentService, NOT_SERVING once draining.
 const SERVICES = ["", EnvironmentService.typeName];
@@ -98,20 +135,28 @@ function routes(router: ConnectRouter): void {
       maxEpisodes: limits.maxEpisodes,
       lease: { seconds: BigInt(Math.floor(limits.leaseS)), nanos: Math.round((limits.leaseS % 1) * 1e9) },
       maxObservationBytes: BigInt(limits.maxObservationBytes),
+      agent,
     }),
-    startEpisode: (request) => table.start(request.episodeId, request.seed, request.task),
-    stepEpisode: (request) => table.step(request.episodeId, request.turn, request.action),
+    startEpisode: (request) => {
+      if (agent) throw notHere();
+      return table.start(request.episodeId, request.seed, request.task);
+    },
+    stepEpisode: (request) => {
+      if (agent) throw notHere();
+      return table.step(request.episodeId, request.turn, request.action);
+    },
+    runEpisode: (request, context) => runEpisode(request, context.signal),
     endEpisode: (request) => {
       table.end(request.episodeId);
       return {};
     },
     getStatus: () => ({
-      activeEpisodes: table.active,
+      activeEpisodes: agent ? agentCounts.running : table.active,
       maxEpisodes: limits.maxEpisodes,
-      episodesStarted: table.counts.started,
+      episodesStarted: agent ? agentCounts.started : table.counts.started,
       steps: table.counts.steps,
       episodesReaped: table.counts.reaped,
-      failures: table.counts.failures,
+      failures: agent ? agentCounts.failures : table.counts.failures,
     }),
   });
   router.service(Health, {
