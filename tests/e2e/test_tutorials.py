@@ -151,7 +151,10 @@ def test_pipelinerl_and_example_flags_exist() -> None:
     assert checked >= 10
 
 
-@pytest.mark.parametrize("block", [b for b in every_block() if (b.mark or "").startswith("as in ")], ids=str)
+COMPARED = [block for block in every_block() if (block.mark or "").startswith("as in ")]
+
+
+@pytest.mark.parametrize("block", COMPARED, ids=[f"{b.page.name}-{i}" for i, b in enumerate(COMPARED)])
 def test_commands_are_the_ones_ci_runs(block: Block) -> None:
     script = ROOT / block.mark.removeprefix("as in ")  # type: ignore[union-attr]
     runs = [found for c in commands(script.read_text()) if (found := head_and_flags(c))]
