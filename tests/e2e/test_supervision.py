@@ -17,6 +17,7 @@ import pytest
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
+from pipelinerl.launcher.report import read_evaluations
 from pipelinerl.launcher.run import launch
 from pipelinerl.launcher.supervisor import ServiceFailed
 from tests.e2e.evidence import assert_trained_exactly_once
@@ -31,14 +32,15 @@ QUICK = {"health_every_s": 0.5, "unhealthy_after_s": 3.0, "backoff_initial_s": 0
 
 
 class Faults:
-    """trainer SIGKILLed ─► coordinator SIGKILLed ─► reward frozen (SIGSTOP), each once the
-    previous one's service is back, as the run's progress shows."""
+    """trainer SIGKILLed ─► coordinator SIGKILLed ─► reward frozen (SIGSTOP) ─► evaluation server
+    SIGKILLed, each once the previous one's service is back, as the run's progress shows."""
 
     def __init__(self, processes: list[ServiceProcess]) -> None:
         self.processes = processes
         self.done: list[str] = []
         self.restarted: list[str] = []
         self.frozen: int | None = None
+        self.evaluation_killed_at: float | None = None
 
     def on_restart(self, service: str, restarts: int) -> None:
         self.restarted.append(service)
@@ -52,6 +54,9 @@ class Faults:
             self._signal("coordinator", signal.SIGKILL)
         elif len(self.done) == 2 and all(p.process.poll() is None for p in self.processes):
             self.frozen = self._signal("reward", signal.SIGSTOP)
+        elif len(self.done) == 3 and all(p.process.poll() is None for p in self.processes):
+            self._signal("evaluation-0", signal.SIGKILL)
+            self.evaluation_killed_at = elapsed_s
 
     def _signal(self, name: str, sig: signal.Signals) -> int:
         victim = next(p for p in self.processes if p.name == name)
@@ -71,12 +76,25 @@ async def test_services_killed_or_frozen_are_restarted_and_the_run_trains_everyt
     finally:
         if faults.frozen is not None and _alive(faults.frozen):  # the supervisor did not kill it
             os.kill(faults.frozen, signal.SIGCONT)
-    assert faults.done == ["trainer", "coordinator", "reward"], faults.done
+    assert faults.done == ["trainer", "coordinator", "reward", "evaluation-0"], faults.done
     assert result.state == "completed", result
-    assert result.restarts == {"trainer": 1, "coordinator": 1, "reward": 1}, result.restarts
+    assert result.restarts == {"trainer": 1, "coordinator": 1, "reward": 1, "evaluation-0": 1}, (
+        result.restarts
+    )
     why = (settings.run_dir / "launcher.log").read_text()
     assert "trainer killed by SIGKILL; restart 1" in why, why
     assert "coordinator killed by SIGKILL; restart 1" in why, why
+    assert "evaluation-0 killed by SIGKILL; restart 1" in why, why
+    # held-out evaluations went on after the evaluation server died (there, once it was back, or
+    # on the training server meanwhile), each at one version, none twice
+    evaluated = [e.evaluation["weight_version"] for e in read_evaluations(settings.run_dir / "metrics.jsonl")]
+    assert evaluated == sorted(set(evaluated)), evaluated
+    finished = [e.elapsed_s for e in read_evaluations(settings.run_dir / "metrics.jsonl")]
+    assert faults.evaluation_killed_at is not None
+    assert len([t for t in finished if t > faults.evaluation_killed_at]) >= 2, (
+        faults.evaluation_killed_at,
+        finished,
+    )
     # A frozen peer's health check ends DEADLINE_EXCEEDED, or UNAVAILABLE once keepalive drops the link.
     frozen = r"reward answered no health check for 3s \(last: no answer, (DEADLINE_EXCEEDED|UNAVAILABLE)\)"
     frozen += "; killed"
