@@ -8,7 +8,14 @@ batching costs; the engine keeps `--batch` rows busy, refilling a row as soon as
 Only useful tokens count: each request's own max_new_tokens. Both use `--threads` torch threads
 (default 1: on a small shared machine, multi-threaded timings swing with the neighbours' load).
 With `--device cuda` both run on the GPU, in `--dtype` (float32 by default), and each timing ends
-with a `torch.cuda.synchronize`. Ends with one JSON line on stdout:
+with a `torch.cuda.synchronize`.
+
+Then the host work of a decode step, at each of `--host-rows` (8, 64, 256) full rows: that many
+seeded requests (temperature 1) decode `--host-steps` steps after their prefill, each step timed
+whole and its model forward timed by forward hooks (`register_forward_pre_hook` and
+`register_forward_hook`, each reading the device clock). host_ms_per_step is the median over those
+steps of step time minus forward time: sampling, stop checks, bookkeeping and reads to the host,
+everything the model does not do. Ends with one JSON line on stdout:
 
     python benchmarks/engine.py [--preset small] [--requests 48] [--batch 16] [--lengths loguniform]
     python benchmarks/engine.py --device cuda --preset qwen2-0.5b --dtype bfloat16
@@ -20,6 +27,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 
 import torch
 from timing import clock
@@ -66,6 +74,42 @@ def run_engine(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch
     return tokens, clock(device) - started
 
 
+def host_ms_per_step(
+    loaded: LoadedModel, workload: list[tuple[list[int], int]], rows: int, steps: int
+) -> float:
+    """Median host work of a decode step (step time minus its model forward) with `rows` rows."""
+    model, device = loaded.model, loaded.model.device
+    settings = EngineSettings(device=str(device), max_running=rows, ignore_eos=True)
+    engine = InferenceEngine(model, loaded.tokenizer, settings)
+    for i in range(rows):
+        prompt = workload[i % len(workload)][0]
+        engine.add_request(
+            GenerationRequest(f"h{i}", prompt, SamplingParams(max_new_tokens=steps + 2, seed=i))
+        )
+    while engine.stats().running < rows:  # prefills, maybe over several steps
+        engine.step()
+    forward: list[float] = []
+
+    def before(*_: object) -> None:
+        forward.append(-clock(device))
+
+    def after(*_: object) -> None:
+        forward[-1] += clock(device)
+
+    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    host = []
+    try:
+        for _ in range(steps):
+            forward.clear()
+            started = clock(device)
+            engine.step()
+            host.append(clock(device) - started - sum(forward))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return statistics.median(host) * 1e3
+
+
 def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
     """Useful tokens and seconds for HF `generate` on static, left-padded batches."""
     model, device, pad = loaded.model, loaded.model.device, loaded.tokenizer.pad_token_id
@@ -103,6 +147,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--host-rows", default="8,64,256", help="batch sizes of the host-work figures")
+    parser.add_argument("--host-steps", type=int, default=16, help="decode steps timed at each")
     args = parser.parse_args()
     configure_logging("benchmark")  # stderr; stdout carries only the final JSON line
     torch.set_num_threads(args.threads)
@@ -123,10 +169,16 @@ def main() -> None:
     log.info(
         "hf generate, static batches", tokens=hf_tokens, seconds=round(hf_s, 2), tokens_per_s=round(hf_rate)
     )
+    host_ms = {
+        rows: round(host_ms_per_step(loaded, workload, rows, args.host_steps), 3)
+        for rows in map(int, args.host_rows.split(","))
+    }
+    log.info("host work per decode step", **{f"rows_{rows}_ms": ms for rows, ms in host_ms.items()})
     report = {
         "engine_tokens_per_s": round(engine_rate, 1),
         "hf_tokens_per_s": round(hf_rate, 1),
         "ratio": round(engine_rate / hf_rate, 2),
+        "host_ms_per_step": {str(rows): ms for rows, ms in host_ms.items()},
         "preset": args.preset,
         "requests": args.requests,
         "batch": args.batch,

@@ -11,12 +11,15 @@ its own loop and routes the outputs; tests drive it directly.
     step()  1. swap the next version into the model, in place: running sequences keep their KV
                cache and continue on the new weights; later tokens carry the new version
             2. apply aborts: their rows leave the batch, the cache row is freed
-            3. decode: ONE forward over all running rows (1 token each), sample, +1 token per row
+            3. decode: ONE forward over all running rows (1 token each), draw, +1 token per row
             4. admit newcomers into free rows (≤ max_running, ≤ max_prefill_tokens) and prefill
                them in ONE left-padded forward, each distinct prompt once (a group's attempts share
                theirs); their first token comes from it, so they join the decode batch next step
-            5. finished rows leave (stop token, stop string, max_new_tokens) and the last row
-               moves into each hole, so running rows are always 0..n-1
+            5. ONE read to the host of every token drawn in 3 and 4, with its logprob and whether
+               its row ended (stop token, max_new_tokens); stop strings are checked on the host,
+               for the rows that have them
+            6. finished rows leave and the last row moves into each hole, so running rows are
+               always 0..n-1
             A decode or prefill that raises is retried one request at a time; a request that still
             fails, or whose logits are NaN/inf, ends with a `FailedUpdate` and the others go on.
                                                        │
@@ -30,6 +33,13 @@ received meanwhile waits, staged as a copy (a newer one replaces it), and become
 when the last pinned request ends. Admission, the count of pinned requests and the choice of the
 next version share one lock, so a pinned request never sees a token of another version.
 
+Host work per decode step does not grow with the batch: what the forward and the draw read (each
+row's last token, position, sampling parameters, seed, stop ids, limit) stays on the device in
+`RunningBatch` (`batch`) between steps, written once at admission and advanced in place by each
+draw; sampling is tensor operations over all rows (`sampling`); the host keeps the generated tokens
+in arrays filled from the step's one read, and does per-row Python only for rows that finish,
+stream, or have stop strings.
+
 The slot KV cache is `pipelinerl.inference.kv_cache`; request checks (`validation`) and stop strings
 (`stop`) are shared with the vLLM engine.
 """
@@ -42,12 +52,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from pipelinerl.common.log import get_logger
-from pipelinerl.common.types import FinishReason, SamplingParams
+from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence
+from pipelinerl.inference.batch import LENGTH, STOP_TOKEN, Drawn, RunningBatch
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.kv_cache import (
     CachePlan,
@@ -57,7 +69,6 @@ from pipelinerl.inference.kv_cache import (
     check_attention_window,
 )
 from pipelinerl.inference.pinning import PinnedWaits, check_pinned
-from pipelinerl.inference.sampling import make_generator, sample
 from pipelinerl.inference.sequence import SequenceState, eos_token_ids
 from pipelinerl.inference.stop import completion_text
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, Limits
@@ -138,12 +149,14 @@ class InferenceEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
-        self._generator = make_generator(None, self.device)
-        """Draws the tokens of every request without a seed, in one call per step."""
+        self._batch = RunningBatch(self.settings.max_running, self.device)
+        self._key_positions = torch.arange(self.max_model_len, device=self.device)
         self._version = weight_version
         self._lock = threading.Lock()
         self._queue: deque[SequenceState] = deque()
         self._running: list[SequenceState] = []
+        self._ended: set[int] = set()
+        """Rows that finished during this step; they leave the batch at its end."""
         self._live_ids: set[str] = set()
         self._aborts: set[str] = set()
         self._next: _Staged | None = None
@@ -166,7 +179,7 @@ class InferenceEngine:
         VersionNotHeld for a request pinned to another version than the one every token it gets
         would carry (the next version's, if one is staged to be swapped in)."""
         check_request(request, self.limits, self.vocab_size, self.tokenizer)
-        sequence = SequenceState.start(request, self._stop_ids(request.sampling), self.tokenizer, self.device)
+        sequence = SequenceState.start(request, self._stop_ids(request.sampling), self.tokenizer)
         with self._lock:
             if request.request_id in self._live_ids:
                 raise InvalidArgument.field("request_id", f"{request.request_id!r} is already in use")
@@ -282,13 +295,15 @@ class InferenceEngine:
         if self._running:
             self._decode_steps += 1
             self._decoded_rows += len(self._running)
-            self._isolated(self._decode, list(range(len(self._running))))
+            self._isolated(self._decode, range(len(self._running)))
         newcomers = self._admit()
         if newcomers:
+            start = len(self._running)
             self._running.extend(newcomers)
-            self._isolated(
-                self._prefill, list(range(len(self._running) - len(newcomers), len(self._running)))
-            )
+            self._batch.add(start, newcomers)
+            self._isolated(self._prefill, range(start, len(self._running)))
+        for drawn in self._batch.read(self._version):
+            self._take(drawn)
         outputs += self._collect_updates()
         self._recent_steps.append((self._generated - generated_before, time.perf_counter() - started))
         return outputs
@@ -318,11 +333,15 @@ class InferenceEngine:
     def _apply_aborts(self) -> list[GenerationUpdate]:
         with self._lock:
             aborts, self._aborts = self._aborts, set()
+            if not aborts:
+                return []
             queued = [s for s in self._queue if s.request.request_id in aborts]
             self._queue = deque(s for s in self._queue if s.request.request_id not in aborts)
-        running = [s for s in self._running if s.request.request_id in aborts]
-        self._release([row for row, s in enumerate(self._running) if s.request.request_id in aborts])
-        return [self._final_update(s, FinishReason.ABORT) for s in queued + running]
+        rows = [row for row, s in enumerate(self._running) if s.request.request_id in aborts]
+        outputs = [self._final_update(s, FinishReason.ABORT, None) for s in queued]
+        outputs += [self._final_update(self._running[row], FinishReason.ABORT, row) for row in rows]
+        self._release(rows)
+        return outputs
 
     def _admit(self) -> list[SequenceState]:
         free_rows = self.settings.max_running - len(self._running)
@@ -339,7 +358,7 @@ class InferenceEngine:
                 longest = padded_longest
         return admitted
 
-    def _isolated(self, run: Callable[[list[int]], None], rows: list[int]) -> None:
+    def _isolated(self, run: Callable[[range], None], rows: range) -> None:
         """`run(rows)`; if it raises, each row again on its own, and a row that still fails ends its
         request with the error: one bad request must not fail those batched with it. Rerunning is
         safe since a forward rewrites the same cache entries and sampling happens only after it."""
@@ -350,42 +369,43 @@ class InferenceEngine:
                 log.warning("batched step failed; retrying its requests one by one", error=repr(exc))
                 for row in rows:
                     if self._running[row].finish_reason is None:  # it may have ended before the error
-                        self._isolated(run, [row])
+                        self._isolated(run, range(row, row + 1))
             else:
-                self._fail(self._running[rows[0]], repr(exc))
+                self._fail(rows[0], repr(exc))
 
-    def _fail(self, sequence: SequenceState, error: str) -> None:
+    def _fail(self, row: int, error: str) -> None:
+        sequence = self._running[row]
         log.error("request failed in the engine", request_id=sequence.request.request_id, error=error)
-        sequence.finish_reason = FinishReason.ABORT
+        self._end(row, FinishReason.ABORT)
         sequence.error = error
 
-    def _decode(self, rows: list[int]) -> None:
-        """One token for each of these running rows, in one forward of q_len 1."""
-        sequences = [self._running[row] for row in rows]
-        device = self.device
-        positions = torch.tensor([s.next_position for s in sequences], device=device)
-        kv_len = int(positions.max()) + 1
-        keys = torch.arange(kv_len, device=device)
-        allowed = (keys[None, :] <= positions[:, None])[:, None, None, :]
-        # All rows (the usual case) are 0..n-1 and read as a view; a subset reads a copy.
-        everyone = len(rows) == len(self._running)
-        plan = CachePlan(
-            rows=torch.tensor(rows, device=device),
-            positions=positions,
-            real=torch.ones(len(rows), 1, dtype=torch.bool, device=device),
-            capacity=capacity_for(kv_len, self.max_model_len),
-            read=(slice(0, len(rows)) if everyone else torch.tensor(rows, device=device), kv_len),
-        )
-        input_ids = torch.tensor([[s.tokens.token_ids[-1]] for s in sequences], device=device)
-        logits = self._forward(input_ids, positions[:, None], allowed, plan)
-        self._append_sampled(sequences, logits)
+    def _end(self, row: int, reason: FinishReason) -> None:
+        self._running[row].finish_reason = reason
+        self._ended.add(row)
 
-    def _prefill(self, rows: list[int]) -> None:
+    def _decode(self, rows: range) -> None:
+        """One token for each of these running rows, in one forward of q_len 1; every input comes
+        from the batch state on the device, the attention length from its host positions."""
+        batch, index = self._batch, slice(rows.start, rows.stop)
+        positions = batch.positions[index]
+        kv_len = int(batch.host_positions[index].max()) + 1
+        allowed = (self._key_positions[None, :kv_len] <= positions[:, None])[:, None, None, :]
+        plan = CachePlan(
+            rows=batch.row_ids[index],
+            positions=positions,
+            real=None,
+            capacity=capacity_for(kv_len, self.max_model_len),
+            read=(index, kv_len),
+        )
+        logits = self._forward(batch.last_ids[index, None], positions[:, None], allowed, plan)
+        batch.sample(rows, logits)
+
+    def _prefill(self, rows: range) -> None:
         """Prompts of these running rows (not yet prefilled), left-padded to the longest one, so the
         last column holds every row's next-token logits; the cache stores each prompt from index 0
         (padding is never written). A prompt that several rows share (the attempts of one group) is
         computed once: its cache row is copied to the others, which sample from the same logits."""
-        newcomers = [self._running[row] for row in rows]
+        newcomers = self._running[rows.start : rows.stop]
         unique: dict[tuple[int, ...], int] = {}
         owners = [unique.setdefault(tuple(s.request.prompt_token_ids), len(unique)) for s in newcomers]
         computed = [rows[owners.index(i)] for i in range(len(unique))]
@@ -400,10 +420,18 @@ class InferenceEngine:
         positions = (columns[None, :] - starts[:, None]).clamp(min=0)
         causal = columns[None, :] <= columns[:, None]
         allowed = (causal[None, :, :] & real[:, None, :])[:, None]
+        # Where each real token goes, from the prompts' lengths on the host: a boolean index of
+        # `real` would make the host wait for the device.
+        lengths = np.array([len(prompt) for prompt in prompts])
+        prompt_of = np.repeat(np.arange(len(prompts)), lengths)
+        position = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        column = position + (width - lengths)[prompt_of]
+        index = np.stack([np.asarray(computed)[prompt_of], position, prompt_of, column])
+        index = torch.from_numpy(index).to(device)
         plan = CachePlan(
-            rows=torch.tensor(computed, device=device)[:, None].expand(-1, width)[real],
-            positions=positions[real],
-            real=real,
+            rows=index[0],
+            positions=index[1],
+            real=(index[2], index[3]),
             capacity=capacity_for(width, self.max_model_len),
             read=None,
         )
@@ -413,7 +441,7 @@ class InferenceEngine:
         ]
         if copies:
             self._cache.copy_rows([source for source, _ in copies], [target for _, target in copies], width)
-        self._append_sampled(newcomers, logits[owners])
+        self._batch.sample(rows, logits[owners] if len(unique) < len(rows) else logits)
 
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, plan: CachePlan
@@ -435,33 +463,42 @@ class InferenceEngine:
         )
         return out.logits[:, -1]
 
-    def _append_sampled(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
-        params = [s.request.sampling for s in sequences]
-        sampled = sample(logits, params, [s.generator for s in sequences], self._generator)
-        for sequence, token, logprob, valid in zip(
-            sequences,
-            sampled.token_ids.tolist(),
-            sampled.logprobs.tolist(),
-            sampled.valid.tolist(),
-            strict=True,
-        ):
-            if valid:
-                sequence.append(token, logprob, self._version)
-                self._generated += 1
-            else:
-                self._fail(sequence, "the model's logits are NaN or infinite")
+    def _take(self, drawn: Drawn) -> None:
+        """The host's part of a draw: rows that ended, failed or watch for stop strings."""
+        self._generated += int(drawn.valid.sum())
+        index = slice(drawn.rows.start, drawn.rows.stop)
+        notable = (drawn.ended != 0) | ~drawn.valid | self._batch.watched[index]
+        for offset in np.flatnonzero(notable).tolist():
+            row = drawn.rows[offset]
+            sequence = self._running[row]
+            if not drawn.valid[offset]:
+                self._fail(row, "the model's logits are NaN or infinite")
+            elif drawn.ended[offset] == STOP_TOKEN or (
+                sequence.watcher is not None and sequence.watcher.push(self._batch.token_ids(row))
+            ):
+                self._end(row, FinishReason.STOP)
+            elif drawn.ended[offset] == LENGTH:
+                self._end(row, FinishReason.LENGTH)
 
     def _collect_updates(self) -> list[GenerationUpdate]:
+        ended, self._ended = self._ended, set()
+        streaming = np.flatnonzero(self._batch.streams[: len(self._running)]).tolist()
         outputs = []
-        finished_rows = []
-        for row, sequence in enumerate(self._running):
+        for row in sorted(ended.union(streaming)):
+            sequence = self._running[row]
             if sequence.finish_reason is not None:
-                outputs.append(self._final_update(sequence, sequence.finish_reason))
-                finished_rows.append(row)
-            elif sequence.request.stream_tokens:
-                outputs.append(sequence.delta())
-        self._release(finished_rows)
+                outputs.append(self._final_update(sequence, sequence.finish_reason, row))
+            else:
+                outputs.append(self._delta(row))
+        self._release(sorted(ended))
         return outputs
+
+    def _delta(self, row: int) -> GenerationUpdate:
+        """The row's tokens not yet handed out, as a non-final update."""
+        sequence = self._running[row]
+        tokens = self._batch.tokens(row, sequence.emitted)
+        sequence.emitted += len(tokens)
+        return GenerationUpdate(sequence.request.request_id, tokens)
 
     def _release(self, rows: list[int]) -> None:
         """Remove rows from the batch; rows past the new end move into the holes below it (one
@@ -473,23 +510,30 @@ class InferenceEngine:
         holes = [row for row in sorted(removed) if row < end]
         movers = [row for row in range(end, len(self._running)) if row not in removed]
         if movers:
-            length = max(self._running[row].next_position for row in movers)
+            length = int(self._batch.host_positions[movers].max())
             self._cache.copy_rows(movers, holes, length)
+            self._batch.move(movers, holes)
             for hole, mover in zip(holes, movers, strict=True):
                 self._running[hole] = self._running[mover]
         del self._running[end:]
 
-    def _final_update(self, sequence: SequenceState, reason: FinishReason) -> GenerationUpdate:
+    def _final_update(
+        self, sequence: SequenceState, reason: FinishReason, row: int | None
+    ) -> GenerationUpdate:
+        """`row`: the sequence's row, None for one that never ran."""
         request = sequence.request
         with self._lock:
             self._live_ids.discard(request.request_id)
             if request.weight_version is not None:
                 self._unpin()
-        update = sequence.delta()
+        update = (
+            self._delta(row) if row is not None else GenerationUpdate(request.request_id, TokenSequence())
+        )
         if sequence.error is not None:
             update = FailedUpdate(update.request_id, update.tokens, error=sequence.error)
         update.finish_reason = reason
-        update.text = completion_text(self.tokenizer, sequence.tokens.token_ids, request.sampling.stop)
+        token_ids = self._batch.token_ids(row) if row is not None else []
+        update.text = completion_text(self.tokenizer, token_ids, request.sampling.stop)
         log.debug("request finished", request_id=request.request_id, finish_reason=reason.value)
         return update
 

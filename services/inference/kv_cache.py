@@ -26,8 +26,9 @@ class CachePlan:
     """[tokens] cache row of each real (non-padding) input token"""
     positions: torch.Tensor
     """[tokens] its position, which is also its cache index"""
-    real: torch.Tensor
-    """[batch, q_len] bool: which input slots are real tokens"""
+    real: tuple[torch.Tensor, torch.Tensor] | None
+    """[tokens] batch index and column of each real input token; None: every input slot is one (a
+    decode). Indices rather than a boolean mask: a mask's count would be read to the host"""
     capacity: int
     """cache length the buffers must have"""
     read: tuple[slice | torch.Tensor, int] | None
@@ -108,8 +109,8 @@ class _SlotLayer(CacheLayerMixin):
             keys = self.keys = _grow(keys, plan.capacity)
             values = self.values = _grow(values, plan.capacity)
         # [batch, heads, q, dim] -> [tokens, heads, dim], in the same order as plan.rows/positions
-        keys[plan.rows, :, plan.positions] = key_states.transpose(1, 2)[plan.real]
-        values[plan.rows, :, plan.positions] = value_states.transpose(1, 2)[plan.real]
+        keys[plan.rows, :, plan.positions] = _real_tokens(key_states, plan.real)
+        values[plan.rows, :, plan.positions] = _real_tokens(value_states, plan.real)
         if plan.read is None:
             return key_states, value_states
         rows, kv_len = plan.read
@@ -144,6 +145,11 @@ class _SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1
+
+
+def _real_tokens(states: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    tokens = states.transpose(1, 2)
+    return tokens.flatten(0, 1) if real is None else tokens[real[0], real[1]]
 
 
 def _grow(buffer: torch.Tensor, capacity: int) -> torch.Tensor:

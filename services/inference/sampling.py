@@ -1,7 +1,14 @@
-"""Token choice for a batch of rows, each with its own sampling parameters and random generator.
+"""Token choice for a batch of rows, each with its own sampling parameters and seed, in tensor
+operations only: no per-row Python and no read back to the host.
 
 Order of operations per row (as in HF `generate` and vLLM): divide by temperature, keep the top-k
 tokens, keep the smallest set whose probability reaches top-p, renormalise, draw.
+
+Draws are counter-based: the uniform number behind a row's n-th token is a hash of (the row's
+seed, n), so a seed reproduces its request's tokens whatever it is batched with and whichever step
+it joins at, and every row draws in the same few operations. A request without a seed gets a
+random one (`random_seed`). The draw inverts the row's cumulative distribution: exact sampling, one
+uniform number per row.
 
 Logprob convention (what the trainer's importance ratios are computed against):
   - sampled rows (temperature > 0): log-probability of the drawn token under the distribution it was
@@ -13,18 +20,21 @@ All logprobs are float32 whatever the model's dtype.
 Numerics: logits are taken relative to their row maximum before the temperature divides them, so
 every temperature in (0, 100] keeps the top token at 0 and the others at worst at -inf (never inf
 or NaN), and the most likely token survives any top_p > 0. A row whose logits have no finite
-maximum (NaN, +inf, all -inf: broken weights or inputs) is not sampled but marked invalid, so it
-cannot fail the rows it is batched with.
+maximum (NaN, +inf, all -inf: broken weights or inputs) is marked invalid, so it cannot fail the
+rows it is batched with; its token and logprob mean nothing.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from pipelinerl.common.types import SamplingParams
+
+_MASK = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -37,84 +47,134 @@ class SampledTokens:
     """bool [batch]: False where the row's logits were unusable; its token and logprob mean nothing."""
 
 
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator of its own for one request: seeded when `seed` is given, from OS entropy otherwise."""
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
+@dataclass(frozen=True)
+class RowSampling:
+    """Sampling parameters of a batch's rows, one tensor per parameter (row i in element i)."""
+
+    temperature: torch.Tensor
+    """float32 [rows]; 0 is greedy"""
+    top_p: torch.Tensor
+    """float32 [rows]"""
+    top_k: torch.Tensor
+    """int64 [rows]; 0 is no limit"""
+    seed: torch.Tensor
+    """int64 [rows, 2]: the low and the high 32 bits of the row's seed"""
+
+    @classmethod
+    def of(
+        cls, params: Sequence[SamplingParams], seeds: Sequence[int], device: torch.device | str = "cpu"
+    ) -> RowSampling:
+        """Row i samples with params[i] and seeds[i] (a request's own seed, or `random_seed()`)."""
+        return cls(
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([[s & _MASK, (s >> 32) & _MASK] for s in seeds], dtype=torch.int64, device=device),
+        )
+
+    @classmethod
+    def empty(cls, rows: int, device: torch.device | str) -> RowSampling:
+        return cls.of([SamplingParams()] * rows, [0] * rows, device)
+
+    def __getitem__(self, rows: slice | torch.Tensor) -> RowSampling:
+        """These rows (views for a slice)."""
+        return RowSampling(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    def write(self, rows: slice | torch.Tensor, source: RowSampling) -> None:
+        """Set these rows (in place) to `source`'s."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(source, f.name)
+
+
+def random_seed() -> int:
+    """A seed for a request that gave none: from OS entropy, 64 bits."""
+    return secrets.randbits(64)
 
 
 def sample(
     logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
-    shared: torch.Generator | None = None,
+    rows: RowSampling,
+    counters: torch.Tensor,
+    *,
+    greedy: bool = True,
+    sampled: bool = True,
+    truncated: bool = True,
 ) -> SampledTokens:
-    """Choose one token per row of `logits` [batch, vocab]; row i uses params[i] and generators[i].
+    """Choose one token per row of `logits` [batch, vocab] with `rows`' parameters; counters[i] is
+    how many tokens row i has drawn before (the draw's index in its request).
 
-    A row whose generator is None (a request without a seed) draws from `shared`, in one call with
-    every other such row; a seeded row draws alone from its own generator."""
+    What the caller knows on the host spares work: `greedy` / `sampled`, whether any row has
+    temperature == 0 / > 0; `truncated`, whether any row has a top-k or a top-p below 1 (without,
+    no sort over the vocabulary). A False that is wrong for some row gives that row a wrong token."""
     logits = logits.float()
-    valid = logits.amax(dim=-1).isfinite()  # amax propagates NaN
-    is_greedy = torch.tensor([p.temperature == 0 for p in params], device=logits.device)
-    greedy = is_greedy & valid
-    token_ids = torch.zeros(len(params), dtype=torch.long, device=logits.device)
-    logprobs = torch.full((len(params),), float("nan"), device=logits.device)
-    if greedy.any():
-        raw = torch.log_softmax(logits[greedy], dim=-1)
-        chosen = raw.argmax(dim=-1)
-        token_ids[greedy] = chosen
-        logprobs[greedy] = raw.gather(-1, chosen[:, None]).squeeze(-1)
-    rows = (~is_greedy & valid).nonzero().squeeze(-1).tolist()
-    if rows:
-        filtered = torch.log_softmax(filter_logits(logits[rows], [params[i] for i in rows]), dim=-1)
-        probs = filtered.exp()
-        device = logits.device
-        chosen = torch.empty(len(rows), dtype=torch.long, device=device)
-        common = [j for j, row in enumerate(rows) if generators[row] is None]
-        if common:
-            drawn = torch.multinomial(probs[common], 1, generator=shared).squeeze(-1)
-            chosen[torch.tensor(common, device=device)] = drawn
-        # A seeded row draws alone from its own generator, so its seed reproduces its request's
-        # tokens whatever else is in the batch.
-        own = [(j, generator) for j, row in enumerate(rows) if (generator := generators[row]) is not None]
-        if own:
-            drawn = torch.cat([torch.multinomial(probs[j], 1, generator=generator) for j, generator in own])
-            chosen[torch.tensor([j for j, _ in own], device=device)] = drawn
-        index = torch.tensor(rows, device=device)
-        token_ids[index] = chosen
-        logprobs[index] = filtered.gather(-1, chosen[:, None]).squeeze(-1)
+    top = logits.amax(dim=-1, keepdim=True)  # amax propagates NaN
+    valid = top.squeeze(-1).isfinite()
+    is_greedy = rows.temperature == 0
+    token_ids = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    logprobs = torch.zeros(logits.shape[0], device=logits.device)
+    if sampled:
+        filtered = torch.log_softmax(filter_logits(logits - top, rows, truncated=truncated), dim=-1)
+        cdf = filtered.exp().cumsum(dim=-1)
+        total = cdf[:, -1:]
+        # Strictly below the total, so the first cumulative sum above it is a token of
+        # probability > 0 even where rounding would reach the total.
+        target = torch.minimum(uniform(rows.seed, counters)[:, None].float() * total, total.nextafter(-total))
+        drawn = torch.searchsorted(cdf, target, right=True).clamp(0, logits.shape[-1] - 1)
+        token_ids, logprobs = drawn.squeeze(-1), filtered.gather(-1, drawn).squeeze(-1)
+    if greedy:
+        chosen = logits.argmax(dim=-1, keepdim=True)
+        raw = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1)
+        token_ids = torch.where(is_greedy, chosen.squeeze(-1), token_ids)
+        logprobs = torch.where(is_greedy, raw, logprobs)
     return SampledTokens(token_ids, logprobs, valid)
 
 
-def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to float logits [batch, vocab]; dropped tokens become -inf.
+def filter_logits(logits: torch.Tensor, rows: RowSampling, *, truncated: bool = True) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to float logits [batch, vocab] taken relative to their
+    row maximum; dropped tokens become -inf. A greedy row (temperature 0) keeps only its maximum.
 
-    Every row needs temperature > 0 and a finite maximum. `log_softmax` of the result is the
-    distribution that `sample` draws from.
+    `log_softmax` of the result is the distribution that `sample` draws from. `truncated=False`
+    skips top-k and top-p: the common RL setting, without a sort over the vocabulary.
     """
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
     # A temperature below the smallest normal float (1e-45 is a denormal) could flush to 0, and
     # 0 / 0 is NaN; relative to the maximum, any smaller temperature is greedy anyway.
-    temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature[:, None]
-    if all(p.top_k == 0 and p.top_p >= 1 for p in params):
-        return scaled  # the common RL setting; skip the sort over the vocabulary
+    temperature = rows.temperature.to(logits.dtype).clamp(min=torch.finfo(logits.dtype).tiny)
+    scaled = logits / temperature[:, None]
+    if not truncated:
+        return scaled
     vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device)
     ordered, order = scaled.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=device)
+    ranks = torch.arange(vocab, device=logits.device)
+    top_k = torch.where(rows.top_k > 0, rows.top_k, vocab)
     ordered = ordered.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # A token is needed only while the more likely ones have not yet reached top_p; the first token
     # always survives (even a top_p that rounds to 0), and top_p >= 1 rows skip this so rounding
     # drops nothing.
-    nucleus_full = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1) & (ranks[None, :] > 0)
+    top_p = rows.top_p.to(logits.dtype)[:, None]
+    nucleus_full = (mass_before >= top_p) & (top_p < 1) & (ranks[None, :] > 0)
     ordered = ordered.masked_fill(nucleus_full, float("-inf"))
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
+
+
+def uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """float64 [rows] in [0, 1): a hash of each row's seed [rows, 2] and counter [rows]."""
+    mixed = _mix32((counters + 0x9E3779B9) & _MASK)
+    mixed = _mix32(mixed ^ seeds[:, 1])
+    mixed = _mix32(mixed ^ seeds[:, 0])
+    return mixed.double() / 2**32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (Wellons' lowbias32) over int64 values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
+    """x * factor mod 2^32, in halves so that no product leaves int64's range."""
+    return ((((x >> 16) * factor & 0xFFFF) << 16) + (x & 0xFFFF) * factor) & _MASK

@@ -1,29 +1,28 @@
-"""A request's decoding state inside the built-in engine: its tokens, its random generator, and
-when it finishes (a stop token, a stop string, or `max_new_tokens`)."""
+"""A request's host-side record inside the built-in engine: its seed, its stop-string watcher,
+what it has handed out, and why it finished. Its tokens and the state a decode step reads live in
+the engine's `RunningBatch`, at its row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from pipelinerl.common.types import FinishReason, TokenSequence
-from pipelinerl.inference.sampling import make_generator
+from pipelinerl.common.types import FinishReason
+from pipelinerl.inference.sampling import random_seed
 from pipelinerl.inference.stop import StopStringWatcher
-from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, tokens_from
+from pipelinerl.inference.types import GenerationRequest
 
 
 @dataclass(eq=False)
 class SequenceState:
-    """A request's decoding state. Its cache row is its index in the engine's running list."""
+    """A request's record. Its row is its index in the engine's running list."""
 
     request: GenerationRequest
     stop_ids: frozenset[int]
-    generator: torch.Generator | None
-    """A seeded request's own; None: the engine's shared generator draws its tokens."""
+    seed: int
+    """The request's own seed, or a random one: every row draws from a seed (see `sampling`)."""
     watcher: StopStringWatcher | None
-    tokens: TokenSequence = field(default_factory=TokenSequence)
     emitted: int = 0
     """Tokens already handed out in updates."""
     finish_reason: FinishReason | None = None
@@ -32,36 +31,12 @@ class SequenceState:
 
     @classmethod
     def start(
-        cls,
-        request: GenerationRequest,
-        stop_ids: frozenset[int],
-        tokenizer: PreTrainedTokenizerBase,
-        device: torch.device,
+        cls, request: GenerationRequest, stop_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase
     ) -> SequenceState:
         params = request.sampling
         watcher = StopStringWatcher(tokenizer, params.stop) if params.stop else None
-        # On the logits' device, which torch.multinomial requires of its generator.
-        generator = None if params.seed is None else make_generator(params.seed, device)
-        return cls(request, stop_ids, generator, watcher)
-
-    @property
-    def next_position(self) -> int:
-        """Position of the last sampled token, the one not yet in the cache."""
-        return len(self.request.prompt_token_ids) + len(self.tokens) - 1
-
-    def append(self, token: int, logprob: float, version: int) -> None:
-        self.tokens.token_ids.append(token)
-        self.tokens.logprobs.append(logprob)
-        self.tokens.versions.append(version)
-        if token in self.stop_ids or (self.watcher is not None and self.watcher.push(self.tokens.token_ids)):
-            self.finish_reason = FinishReason.STOP
-        elif len(self.tokens) >= self.request.sampling.max_new_tokens:
-            self.finish_reason = FinishReason.LENGTH
-
-    def delta(self) -> GenerationUpdate:
-        """The tokens not yet handed out, as a non-final update."""
-        start, self.emitted = self.emitted, len(self.tokens)
-        return GenerationUpdate(self.request.request_id, tokens_from(self.tokens, start))
+        seed = random_seed() if params.seed is None else params.seed
+        return cls(request, stop_ids, seed, watcher)
 
 
 def eos_token_ids(generation: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -4,6 +4,7 @@ reasons, aborts, capacity, request validation, and weight swaps in the middle of
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -12,10 +13,11 @@ from transformers import DynamicCache, PreTrainedModel
 from pipelinerl.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from pipelinerl.common.model import LoadedModel, build_preset
 from pipelinerl.common.types import FinishReason, SamplingParams
-from pipelinerl.inference import engine as engine_module
+from pipelinerl.inference import batch as batch_module
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.kv_cache import cache_argument
+from pipelinerl.inference.sampling import RowSampling, SampledTokens
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
@@ -361,21 +363,20 @@ def test_a_request_that_breaks_a_batched_step_fails_alone(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     """The poisoned request breaks sampling (raising, or NaN logits) from its third token on."""
-    real_sample = engine_module.sample
+    real_sample = batch_module.sample
     poisoned_calls = 0
 
-    def sample(logits, params, generators, shared):  # type: ignore[no-untyped-def]
+    def sample(logits: torch.Tensor, rows: RowSampling, *args: Any, **kwargs: Any) -> SampledTokens:
         nonlocal poisoned_calls
-        poisoned = [i for i, p in enumerate(params) if p.seed == POISON_SEED]
-        poisoned_calls += bool(poisoned)
-        if poisoned and poisoned_calls >= 3:
+        poisoned = rows.seed[:, 0] == POISON_SEED
+        poisoned_calls += bool(poisoned.any())
+        if poisoned.any() and poisoned_calls >= 3:
             if fault == "raises":
                 raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-            logits = logits.clone()
-            logits[poisoned] = float("nan")
-        return real_sample(logits, params, generators)
+            logits = logits.masked_fill(poisoned[:, None], float("nan"))
+        return real_sample(logits, rows, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "sample", sample)
+    monkeypatch.setattr(batch_module, "sample", sample)
     engine = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
     prompts = [encode(tiny, p) for p in PROMPTS[:3]]
     engine.add_request(request("r0", prompts[0]))

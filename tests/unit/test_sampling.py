@@ -8,21 +8,30 @@ import pytest
 import torch
 
 from pipelinerl.common.types import SamplingParams
-from pipelinerl.inference.sampling import filter_logits, make_generator, sample
+from pipelinerl.inference.sampling import RowSampling, SampledTokens, filter_logits, sample
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3.
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
 
 
+def choose(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int] | None = None
+) -> SampledTokens:
+    """`sample` over rows with these params and seeds (0, 1, ... by default), each at its first draw."""
+    seeds = list(range(len(params))) if seeds is None else seeds
+    return sample(logits, RowSampling.of(params, seeds), torch.zeros(len(params), dtype=torch.long))
+
+
 def draw(params: SamplingParams, logits: torch.Tensor = LOGITS, n: int = 1, seed: int = 0) -> list[int]:
-    generator = make_generator(seed)
-    return [sample(logits[None], [params], [generator]).token_ids.item() for _ in range(n)]
+    """The first n tokens a request with this seed draws from `logits` (its draws 0 .. n-1)."""
+    rows = RowSampling.of([params] * n, [seed] * n)
+    return sample(logits.expand(n, -1), rows, torch.arange(n)).token_ids.tolist()
 
 
 def test_greedy_takes_the_argmax_with_the_raw_logprob() -> None:
     logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [3.0, 0.0, 0.0, 0.0]])
-    out = sample(logits, [SamplingParams(temperature=0)] * 2, [make_generator(0)] * 2)
+    out = choose(logits, [SamplingParams(temperature=0)] * 2)
     assert out.token_ids.tolist() == [1, 0]
     expected = torch.log_softmax(logits, dim=-1)[[0, 1], [1, 0]]
     torch.testing.assert_close(out.logprobs, expected)
@@ -30,7 +39,7 @@ def test_greedy_takes_the_argmax_with_the_raw_logprob() -> None:
 
 def test_top_k_1_is_greedy_with_logprob_zero() -> None:
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(1))
-    out = sample(logits, [SamplingParams(top_k=1)] * 5, [make_generator(i) for i in range(5)])
+    out = choose(logits, [SamplingParams(top_k=1)] * 5)
     assert out.token_ids.tolist() == logits.argmax(dim=-1).tolist()
     assert out.logprobs.tolist() == [0.0] * 5
 
@@ -62,7 +71,7 @@ def test_top_k_keeps_the_k_most_likely() -> None:
 
 def test_logprob_is_under_the_renormalised_filtered_distribution() -> None:
     params = SamplingParams(temperature=0.5, top_k=3)
-    out = sample(LOGITS[None], [params], [make_generator(3)])
+    out = choose(LOGITS[None], [params], [3])
     top3 = (LOGITS[:3] / 0.5).softmax(dim=-1)
     token = out.token_ids.item()
     assert out.logprobs.item() == pytest.approx(math.log(top3[token].item()), abs=1e-6)
@@ -70,19 +79,19 @@ def test_logprob_is_under_the_renormalised_filtered_distribution() -> None:
 
 def test_filter_logits_applies_top_k_before_top_p() -> None:
     # After top-k=2 the renormalised probabilities are 0.625 and 0.375, so top-p=0.6 keeps one token.
-    filtered = filter_logits(LOGITS[None], [SamplingParams(top_k=2, top_p=0.6)])
+    filtered = filter_logits(LOGITS[None], RowSampling.of([SamplingParams(top_k=2, top_p=0.6)], [0]))
     assert torch.isfinite(filtered[0]).tolist() == [True, False, False, False]
 
 
 def test_rows_of_one_batch_use_their_own_params() -> None:
     logits = torch.stack([LOGITS, LOGITS.flip(0)])
     params = [SamplingParams(temperature=0), SamplingParams(top_k=1, seed=1)]
-    out = sample(logits, params, [make_generator(0), make_generator(1)])
+    out = choose(logits, params)
     assert out.token_ids.tolist() == [0, 3]
 
 
 def test_logprobs_are_float32_for_half_precision_logits() -> None:
-    out = sample(LOGITS[None].bfloat16(), [SamplingParams()], [make_generator(0)])
+    out = choose(LOGITS[None].bfloat16(), [SamplingParams()])
     assert out.logprobs.dtype == torch.float32
 
 
@@ -97,7 +106,7 @@ def test_the_whole_documented_range_samples_with_finite_logprobs(
     params = [SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)] * 4
     torch.set_flush_denormal(flush_denormal)  # denormal temperatures may then read as 0
     try:
-        out = sample(logits.bfloat16(), params, [make_generator(i) for i in range(4)])
+        out = choose(logits.bfloat16(), params)
     finally:
         torch.set_flush_denormal(False)  # torch's default
     assert out.valid.all()
@@ -113,27 +122,36 @@ def test_rows_without_a_finite_maximum_are_invalid_and_the_others_sampled() -> N
         logits[row, 1 if row < 2 else slice(None)] = value
         logits[row + 4, 1 if row < 2 else slice(None)] = value
     params = [SamplingParams(temperature=0)] * 4 + [SamplingParams()] * 4
-    out = sample(logits, params, [make_generator(i) for i in range(8)])
+    out = choose(logits, params)
     assert out.valid.tolist() == [False, False, False, True] * 2
     assert out.token_ids[3].item() == 0 and torch.isfinite(out.logprobs[[3, 7]]).all()
 
 
-def test_unseeded_rows_draw_together_from_the_shared_generator_and_seeded_ones_alone() -> None:
-    """Rows without a generator follow their own distributions though drawn in one call; a seeded
-    row's tokens do not depend on what it is batched with."""
+def test_a_seeded_row_draws_the_same_tokens_whatever_it_is_batched_with() -> None:
+    """A row's n-th draw depends on its seed and n only: alone, among other rows, at another row."""
     peaked = torch.full((4,), -30.0)
     peaked[2] = 0.0  # token 2 always
-    logits = torch.stack([LOGITS, peaked, LOGITS])
-    shared = make_generator(0)
-    tokens: list[list[int]] = []
-    for i in range(3000):
-        generators = [None, None, make_generator(i)]
-        tokens.append(sample(logits, [SamplingParams()] * 3, generators, shared).token_ids.tolist())
-    first, second, seeded = (torch.tensor(column) for column in zip(*tokens, strict=True))
-    frequencies = torch.bincount(first, minlength=4).float() / len(first)
-    torch.testing.assert_close(frequencies, PROBS, atol=0.03, rtol=0)
-    assert set(second.tolist()) == {2}
-    alone = [
-        sample(LOGITS[None], [SamplingParams()], [make_generator(i)]).token_ids.item() for i in range(3000)
+    seeds, n = [5, 6, 7], 500
+    alone = [draw(SamplingParams(), n=n, seed=seed) for seed in seeds]
+    logits = torch.stack([LOGITS, peaked, LOGITS, LOGITS])
+    params = [SamplingParams(), SamplingParams(), SamplingParams(top_k=3), SamplingParams()]
+    batched = [
+        sample(logits, RowSampling.of(params, [seeds[0], 1, seeds[1], seeds[2]]), torch.full((4,), i))
+        for i in range(n)
     ]
-    assert seeded.tolist() == alone
+    columns = torch.stack([out.token_ids for out in batched], dim=1)
+    assert columns[[0, 3]].tolist() == [alone[0], alone[2]]
+    assert set(columns[1].tolist()) == {2}
+    assert set(columns[2].tolist()) == {0, 1, 2}  # its own params: top-k 3 never draws token 3
+
+
+def test_draws_over_seeds_and_counters_are_uniform_and_independent() -> None:
+    """The counter-based draws behave as a random generator: across seeds at one counter each
+    token comes as often as its probability says (across the counters of one seed: above), and a
+    row's consecutive draws are uncorrelated."""
+    across_seeds = choose(LOGITS.expand(4000, -1), [SamplingParams()] * 4000).token_ids
+    frequencies = torch.bincount(across_seeds, minlength=4).float() / len(across_seeds)
+    torch.testing.assert_close(frequencies, PROBS, atol=0.03, rtol=0)
+    pairs = torch.tensor(draw(SamplingParams(), torch.zeros(16), n=20001, seed=9))
+    joint = torch.bincount(pairs[:-1] * 16 + pairs[1:], minlength=256).float() / 20000
+    torch.testing.assert_close(joint, torch.full((256,), 1 / 256), atol=0.0025, rtol=0)
