@@ -9,7 +9,9 @@ its own loop and routes the outputs; tests drive it directly.
                             └───► waiting, while pinned requests run (copies; see below)
                                                        ▼
     step()  1. swap the next version into the model, in place: running sequences keep their KV
-               cache and continue on the new weights; later tokens carry the new version
+               cache and continue on the new weights; later tokens carry the new version. One copy
+               per received bucket (`flat_weights`): the parameters live in flat buffers laid out
+               like the buckets, from the first version on
             2. apply aborts: their rows leave the batch, the cache row is freed
             3. decode: ONE forward over all running rows (1 token each), draw, +1 token per row
             4. admit newcomers into free rows (≤ max_running, ≤ max_prefill_tokens) and prefill
@@ -61,6 +63,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence
 from pipelinerl.inference.batch import LENGTH, STOP_TOKEN, Drawn, RunningBatch
 from pipelinerl.inference.config import EngineSettings
+from pipelinerl.inference.flat_weights import FlatParameters, Swap
 from pipelinerl.inference.kv_cache import (
     CachePlan,
     SlotKVCache,
@@ -115,13 +118,17 @@ class _Staged:
     """A received version not yet in the model."""
 
     version: int
-    tensors: dict[str, torch.Tensor]
+    swaps: tuple[Swap, ...]
+    """Copied in this order, so a later one's tensors win: the swaps of older versions not yet
+    swapped in that name tensors the newest does not (a version may name only some of them)."""
 
 
-def _staged(previous: _Staged | None, version: int, tensors: dict[str, torch.Tensor]) -> _Staged:
-    """`version` staged over `previous`, an older one not swapped in yet (a version may name only
-    some of the tensors)."""
-    return _Staged(version, tensors if previous is None else {**previous.tensors, **tensors})
+def _staged(previous: _Staged | None, version: int, swaps: tuple[Swap, ...]) -> _Staged:
+    """`version` staged over `previous`, an older one not swapped in yet."""
+    if previous is None:
+        return _Staged(version, swaps)
+    names = set().union(*(swap.names for swap in swaps))
+    return _Staged(version, (*(s for s in previous.swaps if not s.names <= names), *swaps))
 
 
 class InferenceEngine:
@@ -147,6 +154,7 @@ class InferenceEngine:
         """Token ids in [0, vocab_size) are accepted in prompts."""
         self.eos_token_ids = eos_token_ids(model.generation_config, tokenizer)
         self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._flat = FlatParameters(self._params)
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
         self._batch = RunningBatch(self.settings.max_running, self.device)
@@ -218,27 +226,28 @@ class InferenceEngine:
         """
         tensors = dict(named_tensors)
         check_weights(tensors, self._params)
+        swap = Swap.of(tensors, self._params)
         with self._lock:
             self._check_newer(version)
             if not self._pinned:
-                self._next = _staged(self._next, version, tensors)
+                self._next = _staged(self._next, version, (swap,))
                 return True
         # Copied outside the lock: admission and decoding go on meanwhile.
-        copies = {name: tensor.to("cpu", copy=True) for name, tensor in tensors.items()}
+        copy = swap.copied("cpu")
         with self._lock:
             self._check_newer(version)
             pinned = self._pinned
             if pinned:
-                self._waiting = _staged(self._waiting, version, copies)
+                self._waiting = _staged(self._waiting, version, (copy,))
                 self._pinned_waits.began()
             else:  # the last pinned request ended during the copy
-                self._next = _staged(self._next, version, copies)
+                self._next = _staged(self._next, version, (copy,))
         log.info(
             "weights staged behind pinned requests",
             weight_version=version,
             held_version=self._version,
             pinned=pinned,
-            copied_bytes=sum(t.nbytes for t in copies.values()),
+            copied_bytes=copy.nbytes,
         )
         return False
 
@@ -315,10 +324,7 @@ class InferenceEngine:
                 return
             version = self._version = staged.version
         started = time.perf_counter()
-        # One grouped copy: on a GPU, hundreds of single copies cost more in launches than the bytes.
-        params: list[torch.Tensor] = [self._params[name] for name in staged.tensors]
-        torch._foreach_copy_(params, list(staged.tensors.values()))  # pyright: ignore[reportPrivateImportUsage]  # no public name
-        count = len(staged.tensors)
+        copies = sum(self._flat.copy_in(swap) for swap in staged.swaps)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the copies run ahead of the host: time them
@@ -326,7 +332,7 @@ class InferenceEngine:
         log.info(
             "weights swapped",
             weight_version=version,
-            tensors=count,
+            copies=copies,
             seconds=round(self._last_swap_s, 4),
         )
 
@@ -543,7 +549,7 @@ class InferenceEngine:
         if self._pinned or self._waiting is None:
             return
         self._pinned_waits.ended()
-        self._next = _staged(self._next, self._waiting.version, self._waiting.tensors)
+        self._next = _staged(self._next, self._waiting.version, self._waiting.swaps)
         self._waiting = None
         log.info("pinned requests done; swapping in the waiting version", weight_version=self._next.version)
 
