@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -78,12 +78,14 @@ class RowSampling:
 
     def __getitem__(self, rows: slice | torch.Tensor) -> RowSampling:
         """These rows (views for a slice)."""
-        return RowSampling(*(getattr(self, f.name)[rows] for f in fields(self)))
+        return RowSampling(self.temperature[rows], self.top_p[rows], self.top_k[rows], self.seed[rows])
 
     def write(self, rows: slice | torch.Tensor, source: RowSampling) -> None:
         """Set these rows (in place) to `source`'s."""
-        for f in fields(self):
-            getattr(self, f.name)[rows] = getattr(source, f.name)
+        self.temperature[rows] = source.temperature
+        self.top_p[rows] = source.top_p
+        self.top_k[rows] = source.top_k
+        self.seed[rows] = source.seed
 
 
 def random_seed() -> int:
