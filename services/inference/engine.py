@@ -223,14 +223,18 @@ class InferenceEngine:
         of them to end; it is staged as host-memory copies, and the caller may reuse its tensors at
         once. That costs one more copy of the version's weights in host memory until its swap (two
         while a newer version is being copied to replace it), and the copy's time in this thread.
+
+        The first version of each bucket layout is copied here, in this thread, into the memory the
+        parameters will live in from its swap on (`flat_weights`): one more copy of it until then.
         """
         tensors = dict(named_tensors)
         check_weights(tensors, self._params)
         swap = Swap.of(tensors, self._params)
+        prepared = self._flat.prepared(swap)  # here, not in the swap: the first touch of new memory
         with self._lock:
             self._check_newer(version)
             if not self._pinned:
-                self._next = _staged(self._next, version, (swap,))
+                self._next = _staged(self._next, version, (prepared,))
                 return True
         # Copied outside the lock: admission and decoding go on meanwhile.
         copy = swap.copied("cpu")

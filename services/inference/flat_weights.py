@@ -2,9 +2,10 @@
 
 A version arrives as views into a few flat buckets (`weights.buckets.unpack`). `Swap.of` groups the
 staged tensors by the buffer they live in: each group is a `Piece`, the bytes it spans and where
-each tensor lies in them. The first time a piece is swapped in, `FlatParameters` re-homes its
-parameters into one flat buffer laid out like the piece (each parameter becomes a view of it: the
-first touch of that memory, once); from then on a piece of the same layout is one copy of its bytes
+each tensor lies in them. The first time a piece of a layout is staged, `FlatParameters.prepared`
+copies it into a buffer of its own on the parameters' device, in the staging thread (the first
+touch of that memory does not hold up decoding); its swap re-homes the parameters there, each
+becoming a view of the buffer. From then on a piece of the same layout is one copy of its bytes
 into that buffer, instead of one copy per tensor (on a GPU, one launch each, which costs more than
 the bytes for hundreds of small tensors).
 
@@ -16,7 +17,7 @@ some of a layout's tensors.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -31,6 +32,9 @@ class Piece:
     source: torch.Tensor
     """uint8 [bytes]"""
     entries: tuple[Entry, ...]
+    fresh: torch.Tensor | None = None
+    """The same bytes in a buffer of their own on the parameters' device, made while staging a
+    layout the parameters do not live in yet: the swap moves them there without a copy."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,19 @@ class FlatParameters:
         """Flat buffer by the layout of the piece its parameters are views of."""
         self._home: dict[str, tuple[Entry, ...]] = {}
 
+    def prepared(self, swap: Swap) -> Swap:
+        """`swap`, each piece of a layout the parameters do not live in yet copied into a buffer of
+        its own (`Piece.fresh`). Any thread; the copy is the first touch of the memory."""
+        return Swap(
+            tuple(
+                piece
+                if piece.entries in self._buffers
+                else replace(piece, fresh=piece.source.to(self._device(piece), copy=True))
+                for piece in swap.pieces
+            ),
+            swap.loose,
+        )
+
     @torch.no_grad()
     def copy_in(self, swap: Swap) -> int:
         """Copy a staged version into the parameters; returns the number of copies it took."""
@@ -103,8 +120,8 @@ class FlatParameters:
         return len(swap.pieces) + len(swap.loose)
 
     def _rehome(self, piece: Piece) -> None:
-        """Move the piece's parameters into a new buffer that holds the piece's bytes, as views."""
-        buffer = piece.source.to(self._device(piece), copy=True)
+        """Move the piece's parameters into a buffer that holds the piece's bytes, as views."""
+        buffer = piece.fresh if piece.fresh is not None else piece.source.to(self._device(piece), copy=True)
         for name, start, nbytes in piece.entries:
             stale = self._home.pop(name, None)
             if stale is not None:  # that buffer no longer holds every parameter of its layout

@@ -36,10 +36,11 @@ def test_after_the_first_version_a_swap_is_one_copy_per_bucket_into_the_paramete
         else:  # the receiver reuses its buffers from version to version
             for bucket, data in zip(buckets, packed, strict=True):
                 bucket.copy_(data)
-        swap = Swap.of(bucketing.unpack(layout, buckets), params)
+        swap = flat.prepared(Swap.of(bucketing.unpack(layout, buckets), params))
         assert (len(swap.pieces), swap.loose) == (len(layout.buckets), {})
-        copies = flat.copy_in(swap)
-        assert copies == len(layout.buckets)
+        # The first version is copied while staged, into the memory the parameters move to.
+        assert [p.fresh is not None for p in swap.pieces] == [version == 1] * len(layout.buckets)
+        assert flat.copy_in(swap) == len(layout.buckets)
         assert_holds(params, new)
     # Each parameter is a view of one of the flat buffers, and the model computes with them.
     storages = {p.untyped_storage().data_ptr() for p in params.values()}
