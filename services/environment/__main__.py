@@ -72,12 +72,10 @@ def _agent_host(
     """An agent host: RunEpisode calls the agent function; draining refuses new episodes while
     running ones go on for `drain_seconds`."""
     from pipelinerl.environment.agent_host import AgentHost
-    from pipelinerl.environment.loader import load_agent
+    from pipelinerl.environment.loader import agent_name, load_agent
     from pipelinerl.environment.server import registration
 
-    agent = load_agent(spec)
-    name = spec.removeprefix("builtin:") if spec.startswith("builtin:") else agent.__name__
-    host = AgentHost(name, agent, settings.env_args, settings.agent_limits())
+    host = AgentHost(agent_name(spec), load_agent(spec), settings.env_args, settings.agent_limits())
     metrics.watch(lambda: host.stats)
 
     async def stop_starting() -> None:

@@ -60,6 +60,11 @@ def load_agent(spec: str) -> Callable[..., Any]:
     return agent
 
 
+def agent_name(spec: str) -> str:
+    """The name an agent host describes itself with: a built-in's own, else its function's."""
+    return spec.removeprefix("builtin:") if spec.startswith("builtin:") else load_agent(spec).__name__
+
+
 def _load_attribute(spec: str, builtin: dict[str, str], what: str, setting: str, kind: str) -> Any:
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")

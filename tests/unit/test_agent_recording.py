@@ -38,7 +38,10 @@ def test_a_history_that_extends_the_last_call_continues_its_sample() -> None:
     assert append.fork is None and decoded(append.context_ids) == "\nT:929\nA:"
     episode.add_turn(sampled("929", version=4), FinishReason.STOP)
     (sample,) = episode.samples()
-    assert decoded(sample.token_ids) == "<bos>F:add(a,b) a+b\nU:347+582\nA:<call>add</call><eos>\nT:929\nA:929<eos>"
+    assert (
+        decoded(sample.token_ids)
+        == "<bos>F:add(a,b) a+b\nU:347+582\nA:<call>add</call><eos>\nT:929\nA:929<eos>"
+    )
     model = [decoded(sample.token_ids[a:b]) for a, b in sample.model_spans]
     assert model == ["<call>add</call><eos>", "929<eos>"]  # the agent's messages are context
     assert sample.versions == (3,) * 17 + (4,) * 4 and len(sample.logprobs) == sample.model_tokens
