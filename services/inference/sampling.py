@@ -58,7 +58,7 @@ class RowSampling:
     top_k: torch.Tensor
     """int64 [rows]; 0 is no limit"""
     seed: torch.Tensor
-    """int64 [rows, 2]: the low and the high 32 bits of the row's seed"""
+    """int64 [rows]: the row's seed hashed to 32 bits (`seed_keys`)"""
 
     @classmethod
     def of(
@@ -69,7 +69,7 @@ class RowSampling:
             torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            torch.tensor([[s & _MASK, (s >> 32) & _MASK] for s in seeds], dtype=torch.int64, device=device),
+            seed_keys(torch.tensor([[s & _MASK, (s >> 32) & _MASK] for s in seeds], device=device)),
         )
 
     @classmethod
@@ -160,18 +160,21 @@ def filter_logits(logits: torch.Tensor, rows: RowSampling, *, truncated: bool = 
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
 
 
-def uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """float64 [rows] in [0, 1): a hash of each row's seed [rows, 2] and counter [rows]."""
-    mixed = _mix32((counters + 0x9E3779B9) & _MASK)
-    mixed = _mix32(mixed ^ seeds[:, 1])
-    mixed = _mix32(mixed ^ seeds[:, 0])
-    return mixed.double() / 2**32
+def seed_keys(halves: torch.Tensor) -> torch.Tensor:
+    """int64 [rows] in [0, 2^32): a hash of each 64-bit seed given as its low and high 32 bits
+    [rows, 2]; done once per request, at admission."""
+    return _mix32(_mix32(halves[:, 0]) ^ halves[:, 1])
+
+
+def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """float64 [rows] in [0, 1): a hash of each row's seed key [rows] and counter [rows]."""
+    return _mix32(_mix32((counters + 0x9E3779B9) & _MASK) ^ keys).double() / 2**32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer finalizer (Wellons' lowbias32) over int64 values in [0, 2^32)."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = x * 0x7FEB352D & _MASK  # below 2^63: a factor below 2^31
     x = x ^ (x >> 15)
     x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)

@@ -17,7 +17,7 @@ from pipelinerl.inference import batch as batch_module
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.kv_cache import cache_argument
-from pipelinerl.inference.sampling import RowSampling, SampledTokens
+from pipelinerl.inference.sampling import RowSampling, SampledTokens, seed_keys
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
@@ -368,7 +368,7 @@ def test_a_request_that_breaks_a_batched_step_fails_alone(
 
     def sample(logits: torch.Tensor, rows: RowSampling, *args: Any, **kwargs: Any) -> SampledTokens:
         nonlocal poisoned_calls
-        poisoned = rows.seed[:, 0] == POISON_SEED
+        poisoned = rows.seed == seed_keys(torch.tensor([[POISON_SEED, 0]]))
         poisoned_calls += bool(poisoned.any())
         if poisoned.any() and poisoned_calls >= 3:
             if fault == "raises":
