@@ -8,7 +8,9 @@ batching costs; the engine keeps `--batch` rows busy, refilling a row as soon as
 Only useful tokens count: each request's own max_new_tokens. Both use `--threads` torch threads
 (default 1: on a small shared machine, multi-threaded timings swing with the neighbours' load).
 With `--device cuda` both run on the GPU, in `--dtype` (float32 by default), and each timing ends
-with a `torch.cuda.synchronize`.
+with a `torch.cuda.synchronize`. `ratio` is the engine's tokens/s over HF's; `cpu_ratio` the same
+over this process's CPU seconds instead of wall-clock ones, which other work on a shared machine
+sways less (on CPU, with one thread; on a GPU, wall-clock is the figure).
 
 Then the host work of a decode step, at each of `--host-rows` (8, 64, 256) full rows: that many
 seeded requests (temperature 1) decode `--host-steps` steps after their prefill, each step timed
@@ -28,6 +30,7 @@ import json
 import math
 import random
 import statistics
+import time
 
 import torch
 from timing import clock
@@ -60,18 +63,20 @@ def draw_length(rng: random.Random, args: argparse.Namespace) -> int:
     return round(math.exp(rng.uniform(math.log(args.min_new), math.log(args.max_new))))
 
 
-def run_engine(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
-    """Useful tokens and seconds for the built-in engine."""
+def run_engine(
+    loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int
+) -> tuple[int, float, float]:
+    """Useful tokens, seconds and CPU seconds of this process for the built-in engine."""
     device = loaded.model.device
     settings = EngineSettings(device=str(device), max_running=batch, ignore_eos=True)
     engine = InferenceEngine(loaded.model, loaded.tokenizer, settings)
-    started = clock(device)
+    started, cpu_started = clock(device), time.process_time()
     for i, (prompt, max_new) in enumerate(workload):
         engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=max_new, seed=i)))
     tokens = 0
     while engine.has_work:
         tokens += sum(len(update.tokens) for update in engine.step() if update.finish_reason is not None)
-    return tokens, clock(device) - started
+    return tokens, clock(device) - started, time.process_time() - cpu_started
 
 
 def host_ms_per_step(
@@ -110,10 +115,12 @@ def host_ms_per_step(
     return statistics.median(host) * 1e3
 
 
-def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int) -> tuple[int, float]:
-    """Useful tokens and seconds for HF `generate` on static, left-padded batches."""
+def run_hf(
+    loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: int
+) -> tuple[int, float, float]:
+    """Useful tokens, seconds and CPU seconds for HF `generate` on static, left-padded batches."""
     model, device, pad = loaded.model, loaded.model.device, loaded.tokenizer.pad_token_id
-    started = clock(device)
+    started, cpu_started = clock(device), time.process_time()
     tokens = 0
     for first in range(0, len(workload), batch):
         chunk = workload[first : first + batch]
@@ -132,7 +139,7 @@ def run_hf(loaded: LoadedModel, workload: list[tuple[list[int], int]], batch: in
             pad_token_id=pad,
         )
         tokens += sum(max_new for _, max_new in chunk)
-    return tokens, clock(device) - started
+    return tokens, clock(device) - started, time.process_time() - cpu_started
 
 
 def main() -> None:
@@ -160,8 +167,8 @@ def main() -> None:
     run_engine(loaded, warmup, args.batch)
     run_hf(loaded, warmup, args.batch)
 
-    engine_tokens, engine_s = run_engine(loaded, workload, args.batch)
-    hf_tokens, hf_s = run_hf(loaded, workload, args.batch)
+    engine_tokens, engine_s, engine_cpu_s = run_engine(loaded, workload, args.batch)
+    hf_tokens, hf_s, hf_cpu_s = run_hf(loaded, workload, args.batch)
     engine_rate, hf_rate = engine_tokens / engine_s, hf_tokens / hf_s
     log.info(
         "built-in engine", tokens=engine_tokens, seconds=round(engine_s, 2), tokens_per_s=round(engine_rate)
@@ -178,6 +185,7 @@ def main() -> None:
         "engine_tokens_per_s": round(engine_rate, 1),
         "hf_tokens_per_s": round(hf_rate, 1),
         "ratio": round(engine_rate / hf_rate, 2),
+        "cpu_ratio": round((engine_tokens / engine_cpu_s) / (hf_tokens / hf_cpu_s), 2),
         "host_ms_per_step": {str(rows): ms for rows, ms in host_ms.items()},
         "preset": args.preset,
         "requests": args.requests,
