@@ -30,10 +30,10 @@ from pipelinerl.common.types import FinishReason, SamplingParams
 from pipelinerl.coordinator.chat_render import ChatRenderer
 from pipelinerl.coordinator.episode import (
     CORRECT,
+    EnvironmentFailed,
     EpisodeDriver,
     EpisodeResult,
-    _EnvironmentFailed,
-    _Turns,
+    Turns,
 )
 from pipelinerl.coordinator.episode_tokens import EpisodeTokens
 from pipelinerl.coordinator.gateway import AgentGateway, CallCounts
@@ -181,7 +181,7 @@ class AgentDriver(EpisodeDriver):
         self._model = model
 
     async def _play_once(
-        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int, turns: _Turns
+        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int, turns: Turns
     ) -> EpisodeResult:
         recorder = AgentRecorder(
             episode_id,
@@ -199,7 +199,7 @@ class AgentDriver(EpisodeDriver):
             try:
                 outcome = await replica.client.run_episode(call, timeout_s=AGENT_TIMEOUT_S)
             except PipelineError as exc:  # "start": a full host is waited for, not counted
-                raise _EnvironmentFailed(exc, "start") from exc
+                raise EnvironmentFailed(exc, "start") from exc
         return self._result(recorder, outcome)
 
     def _result(self, recorder: AgentRecorder, outcome: AgentOutcome) -> EpisodeResult:

@@ -76,7 +76,7 @@ CORRECT = "correct"
 
 
 @dataclass(frozen=True)
-class _Turns:
+class Turns:
     """How an episode's turns are generated: on which pool and server first, at which version, how
     sampled."""
 
@@ -157,7 +157,7 @@ class EpisodeDriver:
         plays failed by the environment, another PipelineError when generation fails. An
         evaluation's episode starts on server `prefer` of `pool` (the run's when None), every turn at
         `weight_version`, with its own `sampling` (the run's when None)."""
-        turns = _Turns(pool or self._pool, prefer, weight_version, sampling or self._spec.sampling)
+        turns = Turns(pool or self._pool, prefer, weight_version, sampling or self._spec.sampling)
         failures = 0
         while True:
             async with self._environments.reserve() as replica:
@@ -165,7 +165,7 @@ class EpisodeDriver:
                     result = await self._play_once(replica, f"{episode_id}.{failures}", seed, turns)
                     self._environments.succeeded(replica)
                     return result
-                except _EnvironmentFailed as failed:
+                except EnvironmentFailed as failed:
                     error, call = failed.error, failed.call
                     if error.code in RETRIED:
                         await self._environments.failed(replica, error.code, error.message)
@@ -187,7 +187,7 @@ class EpisodeDriver:
                 )
 
     async def _play_once(
-        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int, turns: _Turns
+        self, replica: Replica[EnvironmentClient], episode_id: str, seed: int, turns: Turns
     ) -> EpisodeResult:
         env = replica.client
         opening = await _call(partial(env.start, episode_id, seed=seed, timeout_s=CALL_TIMEOUT_S), "start")
@@ -204,7 +204,7 @@ class EpisodeDriver:
         env: EnvironmentClient,
         episode_id: str,
         opening: EpisodeOpening,
-        turns: _Turns,
+        turns: Turns,
     ) -> EpisodeResult:
         _check_reply(opening.messages)
         max_turns = min((t for t in (self._spec.max_turns, opening.max_turns) if t > 0), default=0)
@@ -268,7 +268,10 @@ class EpisodeDriver:
         return EpisodeSample(prompt, completion, segments, self._renderer.decode(completion.token_ids))
 
 
-class _EnvironmentFailed(Exception):
+class EnvironmentFailed(Exception):
+    """An environment (or agent host) call of one play failed: `play` retries the episode or
+    gives up on it."""
+
     def __init__(self, error: PipelineError, call: str) -> None:
         super().__init__(error.message)
         self.error, self.call = error, call
@@ -277,30 +280,28 @@ class _EnvironmentFailed(Exception):
 async def _call(call: Callable[[], Awaitable[T]], name: str) -> T:
     """An environment call's result, the call made again on UNAVAILABLE (starting and stepping are
     idempotent: a repeat gets the stored answer), UNAVAILABLE_RETRIES times at most; its failure as
-    `_EnvironmentFailed` (a generation's failure is not the environment's, so it is not caught
+    `EnvironmentFailed` (a generation's failure is not the environment's, so it is not caught
     where turns are generated)."""
     for retry in range(UNAVAILABLE_RETRIES + 1):
         try:
             return await call()
         except PipelineError as exc:
             if exc.code != "UNAVAILABLE" or retry == UNAVAILABLE_RETRIES:
-                raise _EnvironmentFailed(exc, name) from exc
+                raise EnvironmentFailed(exc, name) from exc
             await asyncio.sleep(RETRY_DELAY_S * 2**retry)
     raise AssertionError("unreachable")
 
 
 def _check_reply(messages: Sequence[Message]) -> None:
     if any(m.role is Role.ASSISTANT for m in messages):
-        raise _EnvironmentFailed(
-            EnvironmentBroke("the environment replied with an assistant message"), "step"
-        )
+        raise EnvironmentFailed(EnvironmentBroke("the environment replied with an assistant message"), "step")
 
 
 def _check_turn(answered: int, asked: int) -> None:
     """A reply says which turn it answers (0: a server that predates the field, not checked); the
     reply to another turn is not an answer to the model's, whatever it holds."""
     if answered and answered != asked:
-        raise _EnvironmentFailed(
+        raise EnvironmentFailed(
             EnvironmentBroke(f"the environment answered turn {answered} when asked turn {asked}"), "step"
         )
 
