@@ -2,7 +2,8 @@
 # The GPU device check, in one call on a CUDA machine without network (docs/gpu.md):
 #   1. install the wheels `make gpu-wheels` carried (.gpu-wheels/) and put services/ on the path
 #   2. pytest -m gpu (engine vs HF, learner on CUDA, ZeRO-2 on one GPU, cuda_ipc hand-off)
-#   3. benchmarks/engine.py --device cuda (built-in engine vs HF generate, a 0.5B Qwen2 shape)
+#   3. benchmarks/engine.py --device cuda (built-in engine vs HF generate, a 0.5B Qwen2 shape, and
+#      its host work per decode step at 8, 64 and 256 rows)
 #   4. benchmarks/weight_update.py --device cuda (update stall vs one device copy, 0.5B and 1.5B)
 #   5. a short `pipelinerl run --device cuda` on the 100M preset, checked: every attempt once
 # Logs and the JSON line of each step land in $OUT (summary.txt has them all); a step that fails
@@ -55,12 +56,15 @@ if wants engine; then
 fi
 if wants weights; then
   # Requests decode from the trainer's first watcher through every update, then to --max-new: on
-  # one H200 the trainer packs each version on the host in 1.1 s (0.5B) or 5.3 s (1.5B), and the
-  # built-in engine decodes 8 rows at about 8 steps/s, so 150 and 250 tokens outlast two updates.
+  # one H200 the trainer packs each version on the host in 1.1 s (0.5B) or 5.3 s (1.5B). The
+  # built-in engine decoded 8 rows at about 8 steps/s before its host work per step was cut, and
+  # should now decode several times faster: 500 and 700 tokens outlast the updates at either pace
+  # and end within the steps' limits at the old one. The first version's swap moves the parameters
+  # (first_swap_ms), so 0.5B takes three versions for two steady-state ones.
   step bench-weights-0.5b 120 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-0.5b \
-    --dtype bfloat16 --updates 2 --max-new 150
+    --dtype bfloat16 --updates 3 --max-new 500
   step bench-weights-1.5b 150 $PYTHON benchmarks/weight_update.py --device cuda --preset qwen2-1.5b \
-    --dtype bfloat16 --updates 2 --max-new 250
+    --dtype bfloat16 --updates 2 --max-new 700
 fi
 if wants run; then
   RUN_DIR=$(mktemp -d)/run
