@@ -3,7 +3,8 @@ Python work (vLLM v1's persistent input batch).
 
 Row r of every array belongs to the engine's r-th running sequence. On the device: what the next
 forward and draw read (each row's last token and its position, tokens drawn so far, its limit,
-stop token ids and sampling parameters), written at admission and advanced by each draw in place.
+stop token ids, sampling parameters and the stream of uniform numbers its seed gives), written at
+admission and advanced by each draw in place.
 On the host: what the host must know without asking the device (positions, for the attention
 length and cache copies; which rows are greedy or truncated) and every generated token with its
 logprob and weight version, filled from the one read of each step.
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelinerl.common.types import TokenSequence
-from pipelinerl.inference.sampling import RowSampling, sample
+from pipelinerl.common.types import SamplingParams, TokenSequence
+from pipelinerl.inference.sampling import RowSampling, sample, uniform_stream
 from pipelinerl.inference.sequence import SequenceState
 
 STOP_TOKEN, LENGTH = 1, 2
@@ -50,7 +51,7 @@ class Drawn:
 class RunningBatch:
     """State of up to `max_rows` running rows; see the module docstring."""
 
-    def __init__(self, max_rows: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_new_tokens: int, device: torch.device) -> None:
         def longs(*shape: int, fill: int = 0) -> torch.Tensor:
             return torch.full(shape, fill, dtype=torch.long, device=device)
 
@@ -61,11 +62,13 @@ class RunningBatch:
         self.positions = longs(max_rows)
         """Its position, which is also where its keys go in the cache."""
         self._drawn = longs(max_rows)
-        """Tokens drawn so far: the counter of the row's seeded draws."""
+        """Tokens drawn so far: where the row's next number is in its uniform stream."""
+        self._uniforms = torch.zeros(max_rows, max_new_tokens, device=device)
+        """Each row's `uniform_stream`, from its request's seed."""
         self._max_new = longs(max_rows)
         self._stop_ids = longs(max_rows, 1, fill=-1)
         """Stop token ids of each row, padded with -1."""
-        self._sampling = RowSampling.empty(max_rows, device)
+        self._sampling = RowSampling.of([SamplingParams()] * max_rows, device)
         self.host_positions = np.zeros(max_rows, np.int64)
         self.watched = np.zeros(max_rows, bool)
         """Rows whose request has stop strings: the host checks their text after each draw."""
@@ -96,7 +99,9 @@ class RunningBatch:
         self._drawn[rows] = 0
         self._max_new[rows] = torch.tensor([p.max_new_tokens for p in params], device=device)
         self._stop_ids[rows] = torch.tensor(stops, dtype=torch.long, device=device)
-        self._sampling.write(rows, RowSampling.of(params, [s.seed for s in sequences], device))
+        self._sampling.write(rows, RowSampling.of(params, device))
+        for row, (sequence, p) in enumerate(zip(sequences, params, strict=True), start):
+            self._uniforms[row, : p.max_new_tokens] = uniform_stream(sequence.seed, p.max_new_tokens, device)
         self.host_positions[rows] = positions
         self.watched[rows] = [s.watcher is not None for s in sequences]
         self.streams[rows] = [s.request.stream_tokens for s in sequences]
@@ -112,7 +117,7 @@ class RunningBatch:
         drawn = sample(
             logits,
             self._sampling[index],
-            self._drawn[index],
+            self._uniforms[index].gather(1, self._drawn[index, None]).squeeze(1),
             greedy=bool(greedy.any()),
             sampled=not greedy.all(),
             truncated=bool(self._truncated[index].any()),
@@ -181,7 +186,15 @@ class RunningBatch:
         """Row targets[i] takes the state of row sources[i]."""
         source = torch.tensor(sources, device=self.device)
         target = torch.tensor(targets, device=self.device)
-        for tensor in (self.last_ids, self.positions, self._drawn, self._max_new, self._stop_ids):
+        device_rows = (
+            self.last_ids,
+            self.positions,
+            self._drawn,
+            self._max_new,
+            self._stop_ids,
+            self._uniforms,
+        )
+        for tensor in device_rows:
             tensor[target] = tensor[source]
         self._sampling.write(target, self._sampling[source])
         for array in self._host_arrays():

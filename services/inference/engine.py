@@ -157,7 +157,7 @@ class InferenceEngine:
         self._flat = FlatParameters(self._params)
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
         self._cache_argument = cache_argument(model)
-        self._batch = RunningBatch(self.settings.max_running, self.device)
+        self._batch = RunningBatch(self.settings.max_running, self.settings.max_new_tokens, self.device)
         self._key_positions = torch.arange(self.max_model_len, device=self.device)
         self._version = weight_version
         self._lock = threading.Lock()

@@ -4,11 +4,12 @@ operations only: no per-row Python and no read back to the host.
 Order of operations per row (as in HF `generate` and vLLM): divide by temperature, keep the top-k
 tokens, keep the smallest set whose probability reaches top-p, renormalise, draw.
 
-Draws are counter-based: the uniform number behind a row's n-th token is a hash of (the row's
-seed, n), so a seed reproduces its request's tokens whatever it is batched with and whichever step
-it joins at, and every row draws in the same few operations. A request without a seed gets a
-random one (`random_seed`). The draw inverts the row's cumulative distribution: exact sampling, one
-uniform number per row.
+Each request draws from a stream of uniform numbers made once, at its admission, by a generator
+seeded with its seed (`uniform_stream`; a request without a seed gets a random one,
+`random_seed`): its n-th token takes the stream's n-th number, so a seed reproduces its request's
+tokens whatever it is batched with and whichever step it joins at, and every row draws in the same
+few operations. The draw inverts the row's cumulative distribution: exact sampling, one uniform
+number per row.
 
 Logprob convention (what the trainer's importance ratios are computed against):
   - sampled rows (temperature > 0): log-probability of the drawn token under the distribution it was
@@ -34,8 +35,6 @@ import torch
 
 from pipelinerl.common.types import SamplingParams
 
-_MASK = 0xFFFFFFFF
-
 
 @dataclass(frozen=True)
 class SampledTokens:
@@ -57,35 +56,25 @@ class RowSampling:
     """float32 [rows]"""
     top_k: torch.Tensor
     """int64 [rows]; 0 is no limit"""
-    seed: torch.Tensor
-    """int64 [rows]: the row's seed hashed to 32 bits (`seed_keys`)"""
 
     @classmethod
-    def of(
-        cls, params: Sequence[SamplingParams], seeds: Sequence[int], device: torch.device | str = "cpu"
-    ) -> RowSampling:
-        """Row i samples with params[i] and seeds[i] (a request's own seed, or `random_seed()`)."""
+    def of(cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> RowSampling:
+        """Row i samples with params[i]."""
         return cls(
             torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            seed_keys(torch.tensor([[s & _MASK, (s >> 32) & _MASK] for s in seeds], device=device)),
         )
-
-    @classmethod
-    def empty(cls, rows: int, device: torch.device | str) -> RowSampling:
-        return cls.of([SamplingParams()] * rows, [0] * rows, device)
 
     def __getitem__(self, rows: slice | torch.Tensor) -> RowSampling:
         """These rows (views for a slice)."""
-        return RowSampling(self.temperature[rows], self.top_p[rows], self.top_k[rows], self.seed[rows])
+        return RowSampling(self.temperature[rows], self.top_p[rows], self.top_k[rows])
 
     def write(self, rows: slice | torch.Tensor, source: RowSampling) -> None:
         """Set these rows (in place) to `source`'s."""
         self.temperature[rows] = source.temperature
         self.top_p[rows] = source.top_p
         self.top_k[rows] = source.top_k
-        self.seed[rows] = source.seed
 
 
 def random_seed() -> int:
@@ -93,17 +82,25 @@ def random_seed() -> int:
     return secrets.randbits(64)
 
 
+def uniform_stream(seed: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 [length] in [0, 1): the numbers a request with this seed draws its tokens from, the
+    n-th for its n-th token."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return torch.rand(length, generator=generator, device=device)
+
+
 def sample(
     logits: torch.Tensor,
     rows: RowSampling,
-    counters: torch.Tensor,
+    uniforms: torch.Tensor,
     *,
     greedy: bool = True,
     sampled: bool = True,
     truncated: bool = True,
 ) -> SampledTokens:
-    """Choose one token per row of `logits` [batch, vocab] with `rows`' parameters; counters[i] is
-    how many tokens row i has drawn before (the draw's index in its request).
+    """Choose one token per row of `logits` [batch, vocab] with `rows`' parameters; row i draws
+    with uniforms[i], a float32 in [0, 1) (the next number of its request's `uniform_stream`).
 
     What the caller knows on the host spares work: `greedy` / `sampled`, whether any row has
     temperature == 0 / > 0; `truncated`, whether any row has a top-k or a top-p below 1 (without,
@@ -111,21 +108,22 @@ def sample(
     logits = logits.float()
     top = logits.amax(dim=-1, keepdim=True)  # amax propagates NaN
     valid = top.squeeze(-1).isfinite()
-    is_greedy = rows.temperature == 0
-    token_ids = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-    logprobs = torch.zeros(logits.shape[0], device=logits.device)
     if sampled:
         filtered = torch.log_softmax(filter_logits(logits - top, rows, truncated=truncated), dim=-1)
         cdf = filtered.exp().cumsum(dim=-1)
         total = cdf[:, -1:]
         # Strictly below the total, so the first cumulative sum above it is a token of
         # probability > 0 even where rounding would reach the total.
-        target = torch.minimum(uniform(rows.seed, counters)[:, None].float() * total, total.nextafter(-total))
+        target = torch.minimum(uniforms[:, None] * total, total.nextafter(-total))
         drawn = torch.searchsorted(cdf, target, right=True).clamp(0, logits.shape[-1] - 1)
         token_ids, logprobs = drawn.squeeze(-1), filtered.gather(-1, drawn).squeeze(-1)
+    else:  # every row greedy
+        token_ids = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        logprobs = torch.zeros(logits.shape[0], device=logits.device)
     if greedy:
         chosen = logits.argmax(dim=-1, keepdim=True)
         raw = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1)
+        is_greedy = rows.temperature == 0
         token_ids = torch.where(is_greedy, chosen.squeeze(-1), token_ids)
         logprobs = torch.where(is_greedy, raw, logprobs)
     return SampledTokens(token_ids, logprobs, valid)
@@ -158,28 +156,3 @@ def filter_logits(logits: torch.Tensor, rows: RowSampling, *, truncated: bool = 
     nucleus_full = (mass_before >= top_p) & (top_p < 1) & (ranks[None, :] > 0)
     ordered = ordered.masked_fill(nucleus_full, float("-inf"))
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, ordered)
-
-
-def seed_keys(halves: torch.Tensor) -> torch.Tensor:
-    """int64 [rows] in [0, 2^32): a hash of each 64-bit seed given as its low and high 32 bits
-    [rows, 2]; done once per request, at admission."""
-    return _mix32(_mix32(halves[:, 0]) ^ halves[:, 1])
-
-
-def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """float64 [rows] in [0, 1): a hash of each row's seed key [rows] and counter [rows]."""
-    return _mix32(_mix32((counters + 0x9E3779B9) & _MASK) ^ keys).double() / 2**32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finalizer (Wellons' lowbias32) over int64 values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = x * 0x7FEB352D & _MASK  # below 2^63: a factor below 2^31
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """x * factor mod 2^32, in halves so that no product leaves int64's range."""
-    return ((((x >> 16) * factor & 0xFFFF) << 16) + (x & 0xFFFF) * factor) & _MASK

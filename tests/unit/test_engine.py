@@ -17,7 +17,7 @@ from pipelinerl.inference import batch as batch_module
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.engine import FailedUpdate, InferenceEngine
 from pipelinerl.inference.kv_cache import cache_argument
-from pipelinerl.inference.sampling import RowSampling, SampledTokens, seed_keys
+from pipelinerl.inference.sampling import RowSampling, SampledTokens
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate
 
 PROMPTS = ["12+34=", "The quick brown fox jumps over", "a", "What is 7 * 6? Let me think.", "x = y"]
@@ -355,7 +355,7 @@ def test_temperatures_near_zero_decode_like_greedy_with_finite_logprobs(tiny: Lo
     assert finals["t1e-45"].tokens.token_ids == hf_greedy(tiny, prompt, 12)
 
 
-POISON_SEED = 666
+POISON_TEMPERATURE = 0.5  # the only sampled request: the others are greedy
 
 
 @pytest.mark.parametrize("fault", ["raises", "nan"])
@@ -368,7 +368,7 @@ def test_a_request_that_breaks_a_batched_step_fails_alone(
 
     def sample(logits: torch.Tensor, rows: RowSampling, *args: Any, **kwargs: Any) -> SampledTokens:
         nonlocal poisoned_calls
-        poisoned = rows.seed == seed_keys(torch.tensor([[POISON_SEED, 0]]))
+        poisoned = rows.temperature == POISON_TEMPERATURE
         poisoned_calls += bool(poisoned.any())
         if poisoned.any() and poisoned_calls >= 3:
             if fault == "raises":
@@ -380,7 +380,9 @@ def test_a_request_that_breaks_a_batched_step_fails_alone(
     engine = InferenceEngine(tiny.model, tiny.tokenizer, NO_EOS)
     prompts = [encode(tiny, p) for p in PROMPTS[:3]]
     engine.add_request(request("r0", prompts[0]))
-    engine.add_request(request("bad", encode(tiny, PROMPTS[3]), SamplingParams(seed=POISON_SEED)))
+    engine.add_request(
+        request("bad", encode(tiny, PROMPTS[3]), SamplingParams(temperature=POISON_TEMPERATURE))
+    )
     engine.add_request(request("r1", prompts[1]))
     engine.step()
     engine.add_request(request("r2", prompts[2]))  # prefilled alone, while the batch decodes

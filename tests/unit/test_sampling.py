@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipelinerl.common.types import SamplingParams
-from pipelinerl.inference.sampling import RowSampling, SampledTokens, filter_logits, sample
+from pipelinerl.inference.sampling import RowSampling, SampledTokens, filter_logits, sample, uniform_stream
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3.
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -18,15 +18,18 @@ LOGITS = PROBS.log()
 def choose(
     logits: torch.Tensor, params: list[SamplingParams], seeds: list[int] | None = None
 ) -> SampledTokens:
-    """`sample` over rows with these params and seeds (0, 1, ... by default), each at its first draw."""
+    """`sample` over rows with these params, each drawing the first number of its seed's stream
+    (seeds 0, 1, ... by default)."""
     seeds = list(range(len(params))) if seeds is None else seeds
-    return sample(logits, RowSampling.of(params, seeds), torch.zeros(len(params), dtype=torch.long))
+    uniforms = torch.cat([uniform_stream(seed, 1) for seed in seeds])
+    return sample(logits, RowSampling.of(params), uniforms)
 
 
 def draw(params: SamplingParams, logits: torch.Tensor = LOGITS, n: int = 1, seed: int = 0) -> list[int]:
-    """The first n tokens a request with this seed draws from `logits` (its draws 0 .. n-1)."""
-    rows = RowSampling.of([params] * n, [seed] * n)
-    return sample(logits.expand(n, -1), rows, torch.arange(n)).token_ids.tolist()
+    """The first n tokens a request with this seed draws from `logits`."""
+    return sample(
+        logits.expand(n, -1), RowSampling.of([params] * n), uniform_stream(seed, n)
+    ).token_ids.tolist()
 
 
 def test_greedy_takes_the_argmax_with_the_raw_logprob() -> None:
@@ -79,7 +82,7 @@ def test_logprob_is_under_the_renormalised_filtered_distribution() -> None:
 
 def test_filter_logits_applies_top_k_before_top_p() -> None:
     # After top-k=2 the renormalised probabilities are 0.625 and 0.375, so top-p=0.6 keeps one token.
-    filtered = filter_logits(LOGITS[None], RowSampling.of([SamplingParams(top_k=2, top_p=0.6)], [0]))
+    filtered = filter_logits(LOGITS[None], RowSampling.of([SamplingParams(top_k=2, top_p=0.6)]))
     assert torch.isfinite(filtered[0]).tolist() == [True, False, False, False]
 
 
@@ -127,31 +130,25 @@ def test_rows_without_a_finite_maximum_are_invalid_and_the_others_sampled() -> N
     assert out.token_ids[3].item() == 0 and torch.isfinite(out.logprobs[[3, 7]]).all()
 
 
-def test_a_seeded_row_draws_the_same_tokens_whatever_it_is_batched_with() -> None:
-    """A row's n-th draw depends on its seed and n only: alone, among other rows, at another row."""
+def test_each_row_draws_with_its_own_number_and_params_whatever_else_is_in_the_batch() -> None:
+    """Row by row, a batch draws what each row draws alone: its token depends on its own logits,
+    parameters and number only."""
     peaked = torch.full((4,), -30.0)
     peaked[2] = 0.0  # token 2 always
-    seeds, n = [5, 6, 7], 500
-    alone = [draw(SamplingParams(), n=n, seed=seed) for seed in seeds]
-    logits = torch.stack([LOGITS, peaked, LOGITS, LOGITS])
-    params = [SamplingParams(), SamplingParams(), SamplingParams(top_k=3), SamplingParams()]
-    batched = [
-        sample(logits, RowSampling.of(params, [seeds[0], 1, seeds[1], seeds[2]]), torch.full((4,), i))
-        for i in range(n)
-    ]
-    columns = torch.stack([out.token_ids for out in batched], dim=1)
-    assert columns[[0, 3]].tolist() == [alone[0], alone[2]]
-    assert set(columns[1].tolist()) == {2}
-    assert set(columns[2].tolist()) == {0, 1, 2}  # its own params: top-k 3 never draws token 3
+    logits = torch.stack([LOGITS, peaked, LOGITS, LOGITS.flip(0)])
+    params = [SamplingParams(), SamplingParams(), SamplingParams(top_k=3), SamplingParams(temperature=0.5)]
+    for seed in range(200):
+        uniforms = uniform_stream(seed, 4)
+        batched = sample(logits, RowSampling.of(params), uniforms).token_ids.tolist()
+        alone = [
+            sample(logits[i : i + 1], RowSampling.of(params[i : i + 1]), uniforms[i : i + 1]).token_ids.item()
+            for i in range(4)
+        ]
+        assert batched == alone
+        assert batched[1] == 2 and batched[2] != 3  # top-k 3 never draws the least likely token
 
 
-def test_draws_over_seeds_and_counters_are_uniform_and_independent() -> None:
-    """The counter-based draws behave as a random generator: across seeds at one counter each
-    token comes as often as its probability says (across the counters of one seed: above), and a
-    row's consecutive draws are uncorrelated."""
-    across_seeds = choose(LOGITS.expand(4000, -1), [SamplingParams()] * 4000).token_ids
-    frequencies = torch.bincount(across_seeds, minlength=4).float() / len(across_seeds)
-    torch.testing.assert_close(frequencies, PROBS, atol=0.03, rtol=0)
-    pairs = torch.tensor(draw(SamplingParams(), torch.zeros(16), n=20001, seed=9))
-    joint = torch.bincount(pairs[:-1] * 16 + pairs[1:], minlength=256).float() / 20000
-    torch.testing.assert_close(joint, torch.full((256,), 1 / 256), atol=0.0025, rtol=0)
+def test_a_seed_gives_the_same_stream_and_another_seed_another() -> None:
+    assert torch.equal(uniform_stream(7, 50), uniform_stream(7, 50))
+    assert not torch.equal(uniform_stream(7, 50), uniform_stream(8, 50))
+    assert torch.equal(uniform_stream(2**64 - 1, 5), uniform_stream(-1, 5))  # 64 bits of any int
