@@ -101,7 +101,10 @@ class RunningBatch:
         self._stop_ids[rows] = torch.tensor(stops, dtype=torch.long, device=device)
         self._sampling.write(rows, RowSampling.of(params, device))
         for row, (sequence, p) in enumerate(zip(sequences, params, strict=True), start):
-            self._uniforms[row, : p.max_new_tokens] = uniform_stream(sequence.seed, p.max_new_tokens, device)
+            if p.temperature > 0:  # a greedy row draws nothing
+                self._uniforms[row, : p.max_new_tokens] = uniform_stream(
+                    sequence.seed, p.max_new_tokens, device
+                )
         self.host_positions[rows] = positions
         self.watched[rows] = [s.watcher is not None for s in sequences]
         self.streams[rows] = [s.request.stream_tokens for s in sequences]
