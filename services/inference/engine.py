@@ -36,11 +36,11 @@ when the last pinned request ends. Admission, the count of pinned requests and t
 next version share one lock, so a pinned request never sees a token of another version.
 
 Host work per decode step does not grow with the batch: what the forward and the draw read (each
-row's last token, position, sampling parameters, seed, stop ids, limit) stays on the device in
-`RunningBatch` (`batch`) between steps, written once at admission and advanced in place by each
-draw; sampling is tensor operations over all rows (`sampling`); the host keeps the generated tokens
-in arrays filled from the step's one read, and does per-row Python only for rows that finish,
-stream, or have stop strings.
+row's last token, position, sampling parameters, uniform numbers from its seed, stop ids, limit)
+stays on the device in `RunningBatch` (`batch`) between steps, written once at admission and
+advanced in place by each draw; sampling is tensor operations over all rows (`sampling`); the host
+keeps the generated tokens in arrays filled from the step's one read, and does per-row Python only
+for rows that finish, stream, or have stop strings.
 
 The slot KV cache is `pipelinerl.inference.kv_cache`; request checks (`validation`) and stop strings
 (`stop`) are shared with the vLLM engine.
