@@ -22,6 +22,7 @@ from pipelinerl.coordinator.client import CoordinatorClient
 from pipelinerl.coordinator.lag_gate import StreamState
 from pipelinerl.coordinator.membership import Membership, resolve
 from pipelinerl.coordinator.pool import InferencePool
+from pipelinerl.coordinator.types import InferenceRole
 from pipelinerl.inference import server as inference_server
 from pipelinerl.inference.types import GenerationRequest, InferenceStatus
 from pipelinerl.trainer import server as trainer_server
@@ -184,7 +185,9 @@ async def test_register_inference_server_over_grpc_grants_a_lease_and_names_a_ba
     a = await servers()
     async with pool_of() as pool:
         members = Membership(pool, lease_s=12)
-        address = await start_server(coordinator_server.registration(FakeCoordinator(), members))
+        address = await start_server(
+            coordinator_server.registration(FakeCoordinator(), {InferenceRole.TRAINING: members})
+        )
         async with CoordinatorClient(address) as coordinator:
             assert await coordinator.register_inference_server(a) == 12
             assert pool.members == {a}
