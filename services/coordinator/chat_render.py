@@ -102,4 +102,3 @@ def _token_id(value: object) -> int:
     if not isinstance(value, int):
         raise TypeError(f"apply_chat_template returned {value!r} among the token ids")
     return value
-
