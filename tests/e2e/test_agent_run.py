@@ -11,7 +11,6 @@ import json
 import shutil
 import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,13 @@ from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.run import launch
 from tests.data.flaky_agent import CRASHED_PROMPT
+from tests.e2e.test_environment_run import start_typescript_server
 from tests.e2e.test_failover import assert_nothing_failed
 
 pytestmark = pytest.mark.slow
 
 BUDGET = 64
 AGENT = Path(__file__).resolve().parents[1] / "data" / "flaky_agent.py"
-TS_SERVER = Path(__file__).resolve().parents[2] / "clients/typescript/examples/guess-number-env/serve.sh"
 
 
 def _settings(run_dir: Path, agent: str, **overrides: object) -> RunSettings:
@@ -80,23 +79,8 @@ async def test_an_agent_run_trains_each_episode_once_across_agent_crashes(tmp_pa
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node for the TypeScript agent")
 async def test_a_run_trains_an_agent_written_in_typescript(tmp_path: Path) -> None:
-    package = TS_SERVER.parents[2]
-    if not (package / "node_modules").is_dir():  # a clean clone: the package's pinned dependencies
-        subprocess.run(["npm", "ci", "--silent", "--no-audit", "--no-fund"], cwd=package, check=True)
     ready = tmp_path / "agent.address"
-    command = [
-        str(TS_SERVER),
-        "--agent",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--high",
-        "8",
-        "--turns",
-        "4",
-    ]
-    host = subprocess.Popen(command)
+    host = start_typescript_server(ready, "--agent", "--high", "8", "--turns", "4")
     try:
         for _ in range(600):  # compiling takes a while on a busy machine
             if ready.is_file() and ready.read_text().strip():

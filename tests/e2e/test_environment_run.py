@@ -122,13 +122,19 @@ async def test_episodes_outlive_a_crash_and_are_trained_once(tmp_path: Path, vic
     assert_segments_hold(settings.run_dir)
 
 
+def start_typescript_server(ready: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """The TypeScript example server (`serve.sh`, its package's pinned dependencies installed first
+    on a clean clone) on a free port, writing its address to `ready`."""
+    package = TS_SERVER.parents[2]
+    if not (package / "node_modules").is_dir():
+        subprocess.run(["npm", "ci", "--silent", "--no-audit", "--no-fund"], cwd=package, check=True)
+    return subprocess.Popen([str(TS_SERVER), *flags, "--port", "0", "--ready-file", str(ready)])
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node for the TypeScript environment")
 async def test_a_run_trains_against_an_environment_written_in_typescript(tmp_path: Path) -> None:
-    package = TS_SERVER.parents[2]
-    if not (package / "node_modules").is_dir():  # a clean clone: the package's pinned dependencies
-        subprocess.run(["npm", "ci", "--silent", "--no-audit", "--no-fund"], cwd=package, check=True)
     ready = tmp_path / "environment.address"
-    server = subprocess.Popen([str(TS_SERVER), "--port", "0", "--ready-file", str(ready)])
+    server = start_typescript_server(ready)
     try:
         for _ in range(600):  # compiling takes a while on a busy machine
             if ready.is_file() and ready.read_text().strip():
