@@ -39,6 +39,12 @@ class PolicyLossKind(enum.StrEnum):
     """PPO-clip with per-token ratios: -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)."""
     GSPO = "gspo"
     """GSPO: one ratio per sequence, exp of the mean per-token log-ratio, clipped like PPO."""
+    DECOUPLED = "decoupled"
+    """AReaL's decoupled PPO: PPO-clip of current against the *proximal* policy (the weights at the
+    start of the optimizer step), times the behaviour weight proximal / behaviour, detached; tokens
+    whose behaviour weight exceeds `behaviour_cap` are left out of the loss instead of truncated.
+    With one optimizer step per batch the proximal policy is the current one, so the clip never
+    binds and the loss is the behaviour-weighted policy gradient with rejection."""
 
 
 class TokenWeighting(enum.StrEnum):
@@ -61,7 +67,14 @@ class LossConfig(BaseModel):
     """REINFORCE only: importance weights above this are truncated to it. PipelineRL clamps at
     1 + epsilon_high = 1.2; larger values trust stale tokens more (less bias, more variance)."""
     clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    """PPO only: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    """PPO and decoupled: the ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
+    behaviour_cap: float = Field(default=5.0, gt=1)
+    """Decoupled only: tokens whose behaviour weight (proximal / behaviour) exceeds this are left
+    out of the loss (AReaL's token-level rejection, `upper: 5.0` in its M2PO example)."""
+    m2_threshold: float | None = Field(default=None, gt=0)
+    """M2PO's second-moment trust region, any kind: within each micro-batch, the tokens with the
+    largest squared log behaviour weight are left out of the loss until the mean over the rest is
+    below this (the M2PO paper's 0.04). None turns it off."""
     gspo_clip_low: float = Field(default=3e-4, gt=0, lt=1)
     """GSPO only: lower clip range of the sequence ratio (the GSPO paper's 3e-4)."""
     gspo_clip_high: float = Field(default=4e-4, gt=0)

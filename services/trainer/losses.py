@@ -1,4 +1,5 @@
-"""Per-token policy-gradient losses: truncated IS REINFORCE, PPO-clip and GSPO, plus KL and entropy terms.
+"""Per-token policy-gradient losses: truncated IS REINFORCE, PPO-clip, GSPO and AReaL's decoupled PPO,
+M2PO's second-moment mask over any of them, plus KL and entropy terms.
 
 Every tensor is [sequences, positions], aligned on *predicted* tokens: position t holds the current
 and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a model
@@ -13,7 +14,9 @@ sample, are False and contribute nothing: no loss, no ratio, no KL, no entropy, 
 
 The token weights already divide by the *optimizer step's* totals (`StepTotals`), so a micro-batch's
 loss is its exact share of the step loss: summing the gradients of the micro-batches gives the same
-gradient however the step's samples were split.
+gradient however the step's samples were split. The one exception is M2PO's mask, which is chosen
+within each micro-batch (as AReaL does): choosing it over the step would take a forward pass over
+the whole step before the first backward.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class LossStats:
     loss: float = 0.0
     """Sum of the micro-batch losses, i.e. the step loss."""
     clipped_tokens: int = 0
-    """Tokens whose gradient was truncated (REINFORCE) or zeroed by clipping (PPO, GSPO)."""
+    """Tokens whose gradient was truncated (REINFORCE), zeroed by clipping (PPO, GSPO, decoupled) or
+    left out of the loss (decoupled's behaviour cap, M2PO's second-moment mask)."""
     ratio_sum: float = 0.0
     ratio_sq_sum: float = 0.0
     kl_tokens: int = 0
@@ -111,8 +115,12 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
     if config.needs_reference and inputs.reference_logprobs is None:
         raise ValueError("kl_coef > 0 needs reference logprobs")
     log_ratio = masked_log_ratio(inputs.logprobs, inputs.behaviour_logprobs, mask, config.max_log_ratio)
-    objective, clipped = _objective(config, inputs.logprobs, log_ratio, inputs.advantages, mask)
-    per_token = -objective
+    trained = mask
+    if config.m2_threshold is not None:
+        trained = second_moment_mask(log_ratio.detach(), mask, config.m2_threshold)
+    objective, clipped = _objective(config, inputs.logprobs, log_ratio, inputs.advantages, trained)
+    clipped = clipped | (mask & ~trained)
+    per_token = -torch.where(trained, objective, 0.0)
     kl = None
     if inputs.reference_logprobs is not None:
         kl = k3_kl(inputs.logprobs, inputs.reference_logprobs, mask, config.max_log_ratio)
@@ -147,6 +155,15 @@ def _objective(
         return ratio.clamp(max=config.ratio_cap) * advantages * logprobs, mask & (ratio > config.ratio_cap)
     if config.kind is PolicyLossKind.PPO:
         return _clipped_surrogate(log_ratio.exp(), advantages, 1 - config.clip_eps, 1 + config.clip_eps, mask)
+    if config.kind is PolicyLossKind.DECOUPLED:
+        # One optimizer step per batch: the proximal policy is the current one at the step's start,
+        # so its logprobs are these, detached, and the behaviour weight is the detached ratio.
+        behaviour_weight = log_ratio.detach().exp()
+        accepted = mask & (behaviour_weight <= config.behaviour_cap)
+        proximal_ratio = (logprobs - logprobs.detach()).exp()
+        low, high = 1 - config.clip_eps, 1 + config.clip_eps
+        surrogate, clipped = _clipped_surrogate(proximal_ratio, advantages, low, high, mask)
+        return torch.where(accepted, behaviour_weight * surrogate, 0.0), clipped | (mask & ~accepted)
     # GSPO: the length-normalised sequence log-ratio is shared by all tokens of the sequence.
     sequence_log_ratio = masked_sequence_mean(log_ratio, mask)[:, None].expand_as(log_ratio)
     low, high = 1 - config.gspo_clip_low, 1 + config.gspo_clip_high
@@ -162,6 +179,25 @@ def _clipped_surrogate(
     clipped_term = ratio.clamp(low, high) * advantages
     clipped = mask & (clipped_term < unclipped)
     return torch.minimum(unclipped, clipped_term), clipped
+
+
+def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """M2PO's trust region (Zheng et al. 2025, as AReaL implements it): of `mask`'s tokens, leave
+    out those with the largest squared log-ratio until the mean over the rest is below
+    `threshold`; at least one token stays."""
+    squared = log_ratio[mask].square()
+    count = squared.numel()
+    if count == 0:
+        return mask
+    ordered, order = squared.sort(descending=True)
+    suffix_mean = ordered.flip(0).cumsum(0).flip(0) / torch.arange(count, 0, -1, dtype=ordered.dtype)
+    below = (suffix_mean < threshold).nonzero()
+    dropped = int(below[0]) if len(below) else count - 1
+    keep = torch.empty(count, dtype=torch.bool)
+    keep[order] = torch.arange(count) >= dropped
+    kept = torch.zeros_like(mask)
+    kept[mask] = keep.to(mask.device)
+    return kept
 
 
 def token_weights(mask: torch.Tensor, weighting: TokenWeighting, totals: StepTotals) -> torch.Tensor:
