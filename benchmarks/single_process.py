@@ -14,10 +14,13 @@ and its floor); `--learner` overrides any field of the trainer's learner config.
 `--lag 1` samples each batch with the weights of one optimizer step before the learner's, as a
 pipeline whose inference trails the trainer by one version does.
 
-Ends with one JSON line: samples_per_s, reward_last_8192 (mean reward over the last 8,192
-samples), samples_to_target (samples trained when the mean reward over the last 1,024 first
-reached --target; null if never), zero_variance_fraction and entropy (means over the last 8,192
-samples' steps), and the settings.
+Ends with one JSON line: samples_per_s, reward_mean (mean reward over every sample of the run: the
+reward per sample that `benchmarks/lag_study.py` compares), reward_last_8192 (mean reward over the
+last 8,192 samples), samples_to_target (samples trained when the mean reward over the last 1,024
+first reached --target; null if never), zero_variance_fraction and entropy (means over the last
+8,192 samples' steps), step_kl (the size of each optimizer step: KL(before || after) over the
+vocabulary at the completion positions of --kl-samples of the step's samples, at the sampling
+temperature, averaged over steps and positions), and the settings.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def sample_batch(
     return results
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -103,8 +106,41 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    configure_logging("benchmark", level="warning")
+    parser.add_argument(
+        "--kl-samples", type=int, default=32, help="samples of each step the step's KL is measured on"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def completion_logprobs(
+    model: PreTrainedModel, samples: list[Sample], temperature: float
+) -> list[torch.Tensor]:
+    """Each sample's log-distribution over the vocabulary at every completion position, [tokens, vocab],
+    at the sampling temperature."""
+    rows = [list(s.prompt_token_ids) + list(s.completion.token_ids) for s in samples]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    out = []
+    for row, sample in enumerate(samples):
+        start = len(sample.prompt_token_ids) - 1  # the position that predicts the first completion token
+        out.append(
+            (logits[row, start : start + len(sample.completion.token_ids)] / temperature).log_softmax(-1)
+        )
+    return out
+
+
+def consecutive_kl(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
+    """Mean over completion positions of KL(before || after), exact over the vocabulary."""
+    kl = [(b.exp() * (b - a)).sum(-1) for b, a in zip(before, after, strict=True)]
+    return float(torch.cat(kl).mean())
+
+
+def train(args: argparse.Namespace) -> dict:
+    """One run; returns its figures (see the module's docstring)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -126,6 +162,7 @@ def main() -> None:
 
     rewards: list[float] = []
     steps: list[tuple[int, float, float | None]] = []  # (samples so far, zero-variance fraction, entropy)
+    step_kls: list[float] = []
     reached: int | None = None
     started = time.perf_counter()
     for version in range(args.samples // (groups_per_step * args.group_size)):
@@ -144,7 +181,13 @@ def main() -> None:
             rewards.append(reward)
             samples.append(Sample(f"{version}-{i}", f"{version}-{i // args.group_size}", prompt_ids, tokens,
                                   reward, reason, args.group_size))  # fmt: skip
+        measured = [s for s in samples[: args.kl_samples] if len(s.completion.token_ids)]
+        before = completion_logprobs(learner.model, measured, args.temperature) if measured else []
         metrics = learner.step(samples, version)
+        if measured:
+            step_kls.append(
+                consecutive_kl(before, completion_logprobs(learner.model, measured, args.temperature))
+            )
         steps.append((len(rewards), metrics.zero_variance_groups / metrics.groups, metrics.entropy))
         if reached is None and len(rewards) >= WINDOW and statistics.fmean(rewards[-WINDOW:]) >= args.target:
             reached = len(rewards)
@@ -152,21 +195,30 @@ def main() -> None:
         behind.append({k: v.detach().clone() for k, v in learner.model.state_dict().items()})
         if len(behind) > args.lag:
             sampler.load_state_dict(behind.popleft())
-        if version % 20 == 0:
+        if version % 20 == 0 and not args.quiet:
             print(f"{len(rewards):>7} samples  reward {statistics.fmean(rewards[-WINDOW:]):.3f}  "
-                  f"zero-var {steps[-1][1]:.2f}  entropy {metrics.entropy or 0:.3f}", flush=True)  # fmt: skip
+                  f"zero-var {steps[-1][1]:.2f}  entropy {metrics.entropy or 0:.3f}  "
+                  f"step KL {step_kls[-1] if step_kls else 0:.2e}", flush=True)  # fmt: skip
     elapsed = time.perf_counter() - started
     final = [s for s in steps if s[0] > len(rewards) - FINAL]
     entropies = [s[2] for s in final if s[2] is not None]
-    print(json.dumps({
+    return {
         "samples_per_s": round(len(rewards) / elapsed, 1),
+        "reward_mean": round(statistics.fmean(rewards), 4),
         "reward_last_8192": round(statistics.fmean(rewards[-FINAL:]), 4),
         "samples_to_target": reached,
         "zero_variance_fraction": round(statistics.fmean(s[1] for s in final), 3),
         "entropy": round(statistics.fmean(entropies), 4) if entropies else None,
+        "step_kl": statistics.fmean(step_kls) if step_kls else None,
         "target": args.target, "seed": args.seed, "lag": args.lag, "dataset": args.dataset,
         "learner": config.model_dump(mode="json", exclude_defaults=True),
-    }))  # fmt: skip
+    }  # fmt: skip
+
+
+def main() -> None:
+    args = parser().parse_args()
+    configure_logging("benchmark", level="warning")
+    print(json.dumps(train(args)))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ def test_a_short_run_ends_with_its_figures() -> None:
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout.splitlines()[-1])
     assert figures["samples_per_s"] > 0 and 0 <= figures["reward_last_8192"] <= 1
+    assert figures["reward_mean"] == figures["reward_last_8192"]  # 256 samples: the last 8,192 are all
+    assert 0 < figures["step_kl"] < 1  # the optimizer moved the policy, by less than a nat per token
     assert figures["samples_to_target"] is None  # 256 samples are less than the 1,024 of its window
     assert 0 <= figures["zero_variance_fraction"] <= 1 and figures["entropy"] > 0
     assert figures["learner"]["loss"]["entropy_coef"] == RunSettings.model_fields["entropy_coef"].default
