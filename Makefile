@@ -21,7 +21,7 @@ $(BIN)/pipelinerl: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,docs,inference,trainer,reward,coordinator,launcher,deepspeed,tensorboard,wandb,gymnasium,openenv,agent]" $(EDITABLE)
+	$(BIN)/pip install --quiet -e ".[dev,docs,inference,trainer,reward,coordinator,datasets,launcher,deepspeed,tensorboard,wandb,gymnasium,openenv,agent]" $(EDITABLE)
 	touch $@
 
 # Links a module added (or drops one removed) since the last install; quick, no dependencies.

@@ -54,6 +54,13 @@ def dockerfile_stages() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
+def named_extras(dockerfile: str) -> set[str]:
+    """The extras a Dockerfile (or one stage of it) installs: defaults of `*_EXTRAS` arguments and
+    those written out for deploy/requirements.py."""
+    named = re.findall(r"^ARG \w+_EXTRAS=(.*)$|requirements\.py \S+ ([\w,]+) ", dockerfile, re.MULTILINE)
+    return {extra for match in named for group in match for extra in group.split(",") if extra}
+
+
 def test_every_command_parses_and_every_address_names_a_service_port() -> None:
     parsed = services()
     ports = {f"{name}:{settings.port}" for name, settings in parsed.items()}
@@ -111,10 +118,26 @@ def test_every_image_is_a_target_that_checks_its_service_port() -> None:
 
 def test_the_images_install_extras_that_exist() -> None:
     extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    dockerfile = (DEPLOY / "Dockerfile").read_text()
-    named = re.findall(r"^ARG \w+_EXTRAS=(.*)$|requirements\.py \S+ ([\w,]+) ", dockerfile, re.MULTILINE)
-    wanted = {extra for match in named for group in match for extra in group.split(",") if extra}
+    wanted = named_extras((DEPLOY / "Dockerfile").read_text())
     assert wanted and wanted <= set(extras), wanted - set(extras)
+
+
+def test_only_the_inference_and_trainer_images_install_torch() -> None:
+    """Every other image's venv starts from the bare `build` stage, and the extras it installs by
+    default need no torch (the coordinator's tokenizers and chat templates run without it)."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    base = {stage: parent for parent, stage in re.findall(r"^FROM (\S+) AS (\S+)$", dockerfile, re.MULTILINE)}
+    stages = dockerfile_stages()
+    extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for role in SETTINGS:
+        venv = re.search(r"^COPY --from=(\S+) /opt/venv ", stages[role], re.MULTILINE)
+        assert venv is not None, role
+        if role in ("inference", "trainer"):
+            assert venv.group(1) == "torch-venv", role
+            continue
+        assert base[venv.group(1)] == "build", role
+        installed = [r for extra in named_extras(stages[venv.group(1)]) for r in extras[extra]]
+        assert not [r for r in installed if r.startswith("torch")], (role, installed)
 
 
 def test_requirements_lists_the_dependencies_and_those_of_the_extras() -> None:

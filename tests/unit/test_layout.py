@@ -1,4 +1,5 @@
-"""The package layout: every folder of `services/` is shipped, and contracts import no torch."""
+"""The package layout: every folder of `services/` is shipped, contracts import no torch, and the
+coordinator runs without torch (its image has none)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,35 @@ def test_importing_contracts_and_clients_does_not_import_torch(service: str) -> 
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# torch made unimportable, as in the coordinator's image, which has none: every module of the
+# coordinator (its entry point and what a run imports later) loads, and the tiny preset's tokenizer
+# renders a chat with a tool and parses a tool call.
+COORDINATOR_WITHOUT_TORCH = """
+import importlib, pkgutil, sys
+sys.modules["torch"] = None
+import pipelinerl.cli, pipelinerl.coordinator
+for module in pkgutil.walk_packages(pipelinerl.coordinator.__path__, "pipelinerl.coordinator."):
+    importlib.import_module(module.name)
+from pipelinerl.common.tokenizer import load_tokenizer
+from pipelinerl.coordinator.chat_render import ChatRenderer
+from pipelinerl.environment.types import Message, Tool
+tokenizer = load_tokenizer("tiny")
+renderer = ChatRenderer(tokenizer)
+add = Tool("add", "a+b", {"type": "object", "properties": {"a": {}, "b": {}}})
+print(renderer.decode(renderer.render([Message.user("1+2")], [add], add_generation_prompt=True)))
+turn = tokenizer.encode('<call>add{"a":1,"b":2}</call>', add_special_tokens=False) + [tokenizer.eos_token_id]
+(call,) = renderer.parse(turn, turn=1).tool_calls
+print(call.name, call.arguments)
+"""
+
+
+def test_the_coordinator_loads_and_renders_chats_without_torch() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", COORDINATOR_WITHOUT_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    rendered, parsed = out.stdout.rsplit("\n", 2)[:2]
+    assert rendered == "<bos>F:add(a,b) a+b\nU:1+2\nA:"
+    assert parsed == 'add {"a":1,"b":2}'
