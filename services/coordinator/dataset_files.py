@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.coordinator.tasks import Problem
 
 DEFAULT_VERIFIER = "math"
@@ -62,7 +62,13 @@ def read_rows(path: Path, tokenizer: str | None, field: str) -> list[Problem]:
         raise InvalidArgument.field(field, f"expected builtin:<task> or a .jsonl/.parquet file, got {path}")
     if not path.is_file():
         raise InvalidArgument.field(field, f"no such file: {path}")
-    import datasets
+    try:
+        import datasets
+    except ImportError as exc:
+        raise FailedPrecondition(
+            f"reading {path} needs the `datasets` package: install pipelinerl[datasets] "
+            "(in the coordinator image: build it with COORDINATOR_EXTRAS=coordinator,datasets)"
+        ) from exc
 
     builder = "parquet" if path.suffix == ".parquet" else "json"
     try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from pipelinerl.common.errors import InvalidArgument
+from pipelinerl.common.errors import FailedPrecondition, InvalidArgument
 from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.coordinator.datasets import open_problems
 
@@ -39,6 +40,12 @@ def test_jsonl_file_shuffled_by_seed_with_default_verifier() -> None:
     assert {p.answer: p.verifier for p in problems}["\\frac{5}{6}"] == "math"
     assert {p.answer: p.verifier for p in problems}["10"] == "numeric"
     assert [p.answer for _, p in open_problems(str(FIXTURE), seed=1)] == [p.answer for p in problems]
+
+
+def test_a_file_without_the_datasets_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as in the coordinator image's default venv
+    with pytest.raises(FailedPrecondition, match=r"pipelinerl\[datasets\]"):
+        next(open_problems(str(FIXTURE), seed=0))
 
 
 def test_parquet_file_and_missing_fields(tmp_path: Path) -> None:
