@@ -76,7 +76,13 @@ async def build(settings: CoordinatorSettings) -> GrpcServer:
     submitter = TrainerSubmitter(trainer, journal, on_state=pool.follow)
     gateway = None
     if settings.agent_gateway_port is not None:
-        from pipelinerl.coordinator.gateway import AgentGateway
+        try:
+            from pipelinerl.coordinator.gateway import AgentGateway
+        except ImportError as exc:
+            raise SystemExit(
+                f"the agent endpoint (agent_gateway_port) needs FastAPI and uvicorn ({exc.name} is missing): "
+                "install pipelinerl[agent] (in the coordinator image: COORDINATOR_EXTRAS=coordinator,agent)"
+            ) from exc
 
         model = Path(settings.tokenizer).name if settings.tokenizer else "policy"
         host, port, url = settings.agent_gateway_host, settings.agent_gateway_port, settings.agent_gateway_url

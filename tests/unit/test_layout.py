@@ -66,3 +66,14 @@ def test_the_coordinator_loads_and_renders_chats_without_torch() -> None:
     rendered, parsed = out.stdout.rsplit("\n", 2)[:2]
     assert rendered == "<bos>F:add(a,b) a+b\nU:1+2\nA:"
     assert parsed == 'add {"a":1,"b":2}'
+
+
+def test_a_coordinator_without_the_agent_extra_says_what_to_install(tmp_path: Path) -> None:
+    # FastAPI unimportable, as in the coordinator image built without the `agent` extra
+    code = (
+        "import sys\nsys.modules['fastapi'] = None\nfrom pipelinerl.coordinator.__main__ import main\n"
+        f"main(['--agent-gateway-port', '0', '--port', '0', '--journal-path', {str(tmp_path / 'j.db')!r}])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "install pipelinerl[agent]" in out.stderr
