@@ -23,8 +23,9 @@ same seeds (same initial weights, same prompts), so it is a paired difference.
 Each finished run is appended to --out as one JSON line and runs already there are skipped, so an
 interrupted study resumes where it stopped; seeds are the outer loop, so a study cut short has
 every point with fewer seeds. Ends with one JSON line: runs, and per point (task, loss, lr, lag)
-its seeds, reward per sample and 95 % confidence interval, gap to lag 0 and its interval, and step
-KL.
+its seeds, reward per sample and 95 % confidence interval, gap to lag 0 and its interval,
+vs_default (a correction's reward per sample minus the default loss's at the same lr and lag,
+paired by seed) and its interval, and step KL.
 """
 
 from __future__ import annotations
@@ -97,19 +98,26 @@ def analyse(runs: list[dict]) -> list[dict]:
         by_point[key(run)[:4]][run["seed"]] = run
     points = []
     for (task, loss, lr, lag), seeds in sorted(by_point.items()):
-        base = by_point.get((task, BASELINE, lr, 0), {})
-        rewards = [r["reward_mean"] for r in seeds.values()]
-        paired = [seeds[s]["reward_mean"] - base[s]["reward_mean"] for s in seeds if s in base]
-        reward, reward_ci = mean_ci(rewards)
-        gap, gap_ci = mean_ci(paired) if paired and lag > 0 else (None, None)
+        reward, reward_ci = mean_ci([r["reward_mean"] for r in seeds.values()])
+        gap, gap_ci = _paired(seeds, by_point.get((task, BASELINE, lr, 0), {})) if lag > 0 else (None, None)
+        versus, versus_ci = (None, None)
+        if loss != BASELINE:
+            versus, versus_ci = _paired(seeds, by_point.get((task, BASELINE, lr, lag), {}))
         kls = [r["step_kl"] for r in seeds.values() if r["step_kl"] is not None]
         points.append({
             "task": task, "loss": loss, "lr": lr, "lag": lag, "seeds": len(seeds),
             "reward": round(reward, 4), "reward_ci": _round(reward_ci),
             "gap": _round(gap), "gap_ci": _round(gap_ci),
+            "vs_default": _round(versus), "vs_default_ci": _round(versus_ci),
             "step_kl": float(f"{statistics.fmean(kls):.3g}") if kls else None,
         })  # fmt: skip
     return points
+
+
+def _paired(seeds: dict[int, dict], base: dict[int, dict]) -> tuple[float | None, float | None]:
+    """Mean and 95 % half-width of reward per sample minus `base`'s, over the seeds both ran."""
+    differences = [seeds[s]["reward_mean"] - base[s]["reward_mean"] for s in seeds if s in base]
+    return mean_ci(differences) if differences else (None, None)
 
 
 def _round(value: float | None) -> float | None:
@@ -118,30 +126,22 @@ def _round(value: float | None) -> float | None:
 
 def table(points: list[dict]) -> str:
     lines = [
-        "| task | loss | lr | lag | seeds | reward per sample (95 % CI) | gap to lag 0 (95 % CI) | step KL |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | loss | lr | lag | seeds | reward per sample (95 % CI) | gap to lag 0 (95 % CI) "
+        "| minus the default loss's at this lag (95 % CI) | step KL |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
-        reward = (
-            f"{p['reward']:.3f} ± {p['reward_ci']:.3f}"
-            if p["reward_ci"] is not None
-            else f"{p['reward']:.3f}"
-        )
-        gap = (
-            "" if p["gap"] is None else f"{p['gap']:+.3f}" + (f" ± {p['gap_ci']:.3f}" if p["gap_ci"] else "")
-        )
-        cells = [
-            p["task"],
-            p["loss"],
-            f"{p['lr']:g}",
-            p["lag"],
-            p["seeds"],
-            reward,
-            gap,
-            f"{p['step_kl']:.2e}",
-        ]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        reward = _signed(p["reward"], p["reward_ci"]).lstrip("+")
+        gap, versus = _signed(p["gap"], p["gap_ci"]), _signed(p["vs_default"], p["vs_default_ci"])
+        cells = [p["task"], p["loss"], f"{p['lr']:g}", p["lag"], p["seeds"], reward, gap, versus]
+        lines.append("| " + " | ".join(map(str, cells)) + f" | {p['step_kl']:.2e} |")
     return "\n".join(lines)
+
+
+def _signed(value: float | None, half_width: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.3f}" + (f" ± {half_width:.3f}" if half_width is not None else "")
 
 
 def plot(points: list[dict], path: Path) -> None:

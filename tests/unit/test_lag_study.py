@@ -29,7 +29,7 @@ def test_the_interval_is_students_t_over_the_seeds() -> None:
     assert mean_ci([0.5]) == (0.5, None)
 
 
-def test_gaps_are_paired_by_seed_against_the_default_loss_at_lag_0() -> None:
+def test_gaps_are_paired_by_seed_against_the_default_loss() -> None:
     # Seeds differ a lot from each other, lag 1 costs exactly 0.01 on every seed: a paired
     # difference sees the cost with no spread, an unpaired one would drown it.
     base = [_run("default", 0, seed, reward) for seed, reward in enumerate((0.2, 0.5, 0.8))]
@@ -41,6 +41,9 @@ def test_gaps_are_paired_by_seed_against_the_default_loss_at_lag_0() -> None:
     assert points[("default", 1)]["gap"] == pytest.approx(-0.01)
     assert points[("default", 1)]["gap_ci"] == pytest.approx(0.0, abs=1e-9)
     assert points[("m2po", 1)]["gap"] == pytest.approx(0.0) and points[("m2po", 1)]["seeds"] == 2
+    # a correction is also compared with the default loss at its own lag, on the seeds both ran
+    assert points[("m2po", 1)]["vs_default"] == pytest.approx(0.01)
+    assert points[("default", 1)]["vs_default"] is None
 
 
 def test_the_grid_runs_corrections_only_with_lag_and_seeds_outermost() -> None:
