@@ -190,13 +190,14 @@ def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: f
     if count == 0:
         return mask
     ordered, order = squared.sort(descending=True)
-    suffix_mean = ordered.flip(0).cumsum(0).flip(0) / torch.arange(count, 0, -1, dtype=ordered.dtype)
+    positions = torch.arange(count, device=ordered.device)
+    suffix_mean = ordered.flip(0).cumsum(0).flip(0) / (count - positions).to(ordered.dtype)
     below = (suffix_mean < threshold).nonzero()
     dropped = int(below[0]) if len(below) else count - 1
-    keep = torch.empty(count, dtype=torch.bool)
-    keep[order] = torch.arange(count) >= dropped
+    keep = torch.empty_like(positions, dtype=torch.bool)
+    keep[order] = positions >= dropped
     kept = torch.zeros_like(mask)
-    kept[mask] = keep.to(mask.device)
+    kept[mask] = keep
     return kept
 
 
