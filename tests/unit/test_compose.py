@@ -61,6 +61,11 @@ def named_extras(dockerfile: str) -> set[str]:
     return {extra for match in named for group in match for extra in group.split(",") if extra}
 
 
+def optional_dependencies() -> dict[str, list[str]]:
+    """pyproject.toml's extras: name -> requirements."""
+    return tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
 def test_every_command_parses_and_every_address_names_a_service_port() -> None:
     parsed = services()
     ports = {f"{name}:{settings.port}" for name, settings in parsed.items()}
@@ -117,7 +122,7 @@ def test_every_image_is_a_target_that_checks_its_service_port() -> None:
 
 
 def test_the_images_install_extras_that_exist() -> None:
-    extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = optional_dependencies()
     wanted = named_extras((DEPLOY / "Dockerfile").read_text())
     assert wanted and wanted <= set(extras), wanted - set(extras)
 
@@ -128,7 +133,7 @@ def test_only_the_inference_and_trainer_images_install_torch() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     base = {stage: parent for parent, stage in re.findall(r"^FROM (\S+) AS (\S+)$", dockerfile, re.MULTILINE)}
     stages = dockerfile_stages()
-    extras = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = optional_dependencies()
     for role in SETTINGS:
         venv = re.search(r"^COPY --from=(\S+) /opt/venv ", stages[role], re.MULTILINE)
         assert venv is not None, role
