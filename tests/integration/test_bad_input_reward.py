@@ -190,7 +190,7 @@ async def test_thousands_of_abandoned_calls_leave_rss_bounded(reward: Harness) -
         rss_before_mb=round(before),
         rss_growth_mb=round(growth_mb, 1),
     )
-    await reward.still_serving()
+    await reward.still_serving_after_a_flood()
     assert elapsed_s < 60 and growth_mb < 50, (elapsed_s, growth_mb)
     status = await reward_pb2_grpc.RewardServiceStub(reward.channel).GetStatus(
         pb.GetStatusRequest(), metadata=AUTH, timeout=20
