@@ -1,7 +1,7 @@
 """Load the causal LM the inference engine serves: a local HF directory, or a built-in preset.
 
 Presets are built offline and deterministically (no hub access): a Llama- or Qwen2-style config
-with a character-level tokenizer constructed in code. `export_preset` writes one as a normal HF
+with a character-level tokenizer constructed in code (and its two tool-call tags). `export_preset` writes one as a normal HF
 directory (config, safetensors, tokenizer.json), which AutoModelForCausalLM, AutoTokenizer and vLLM
 load back.
 

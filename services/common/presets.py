@@ -61,8 +61,8 @@ CHAT_TEMPLATE = (
     "    {{- 'A:' }}\n"
     "{%- endif %}\n"
 )
-"""The presets' chat template, in the characters of their tokenizer (no token is added, so the
-presets' vocabulary and weights stay as they were). One line per tool (`F:add(a,b) a+b`), then one
+"""The presets' chat template, in the characters of their tokenizer and its two tool-call tags,
+`<call>` and `</call>` (one token each). One line per tool (`F:add(a,b) a+b`), then one
 per message: `S:`, `U:`, `T:` (a tool's result) and the model's `A:`; a model's turn ends with
 `<eos>`, which the engine stops at, and its tool calls read `<call>add{"a":1,"b":2}</call>`
 (`pipelinerl.coordinator.tool_calls.TaggedNameJson`):

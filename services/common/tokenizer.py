@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from pipelinerl.common.presets import CHAT_TEMPLATE, PRESETS, not_a_model
@@ -15,10 +15,17 @@ from pipelinerl.common.presets import CHAT_TEMPLATE, PRESETS, not_a_model
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+TOOL_TAGS = ("<call>", "</call>")
+"""The tags of a tool call in the presets' template, one token each (after the characters, whose
+ids stay as they were), as a real model's are (`<tool_call>` is one token of Qwen2.5's vocabulary):
+a call is a tag, the tool's name, its arguments and a tag, not 13 characters of markup. Text that
+spells a tag out encodes to the tag's token, so a model that writes it character by character
+still calls the tool."""
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer: one token per digit, letter, punctuation mark, space or newline.
+    """Character-level tokenizer: one token per digit, letter, punctuation mark, space or newline,
+    and one per tool-call tag (`TOOL_TAGS`).
 
     Encoding prepends `<bos>`; characters outside the vocabulary become `<unk>`. Its chat template
     is `pipelinerl.common.presets.CHAT_TEMPLATE`, in the same characters.
@@ -28,6 +35,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     # Oniguruma's (?m) lets "." match newlines too, so every character is its own piece.
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_tokens([AddedToken(tag, normalized=False) for tag in TOOL_TAGS])
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])]
     )

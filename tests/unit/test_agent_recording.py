@@ -44,7 +44,7 @@ def test_a_history_that_extends_the_last_call_continues_its_sample() -> None:
     )
     model = [decoded(sample.token_ids[a:b]) for a, b in sample.model_spans]
     assert model == ["<call>add</call><eos>", "929<eos>"]  # the agent's messages are context
-    assert sample.versions == (3,) * 17 + (4,) * 4 and len(sample.logprobs) == sample.model_tokens
+    assert sample.versions == (3,) * 6 + (4,) * 4 and len(sample.logprobs) == sample.model_tokens
     assert (episode.continued, episode.forks) == (1, 0)
 
 

@@ -137,8 +137,8 @@ async def test_calculator_shapes_a_wrong_answer_by_how_far_it_got() -> None:
     rewards = []
     for n, turns in enumerate(
         [
-            ["x"],
             ["x<ca"],
+            ["<call>ad"],
             ["<call>add</cal"],
             ["<call>add</call>", "x"],
             ["<call>add</call>", "{sum3}"],
@@ -156,6 +156,8 @@ async def test_calculator_shapes_a_wrong_answer_by_how_far_it_got() -> None:
         assert result.terminated and {c.name for c in result.rewards} == {"correct", "progress"}
         rewards.append(result.reward)
     assert rewards[0] == 0.0 and rewards == sorted(set(rewards)) and rewards[-1] < 0.5
+    await episodes.start("t", 3, "")  # half a tag is no step: as much as without it
+    assert (await episodes.step("t", 1, Message.assistant("<call>add"))).reward == rewards[2]
     unshaped = table("calculator", shaping=0.0)
     await unshaped.start("u", 3, "")
     assert (await unshaped.step("u", 1, Message.assistant("<call>add</ca"))).reward == 0.0

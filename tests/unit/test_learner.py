@@ -155,9 +155,10 @@ def test_kl_to_a_reference_hundreds_of_nats_away_still_takes_a_finite_step() -> 
 def test_a_sample_outside_the_models_limits_is_refused_before_the_forward_pass() -> None:
     model = build_preset("tiny", seed=0).model
     learner = TorchLearner(model, LearnerConfig(micro_batch_tokens=512))
-    assert learner.limits == SampleLimits(vocab_size=100, max_tokens=512)  # the context is 1024
+    # 100 characters and specials, 2 tool-call tags; the context is 1024
+    assert learner.limits == SampleLimits(vocab_size=102, max_tokens=512)
     good = _alternate_rewards(ToySampler(model).groups(0, groups=1, size=2))
-    bad = Sample("bad", good[0].group_id, [1, 100], TokenSequence([5], [-1.0], [0]), 0.0)
+    bad = Sample("bad", good[0].group_id, [1, 102], TokenSequence([5], [-1.0], [0]), 0.0)
 
     with pytest.raises(InvalidArgument) as exc:
         learner.step([*good, bad], current_version=0)

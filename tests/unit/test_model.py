@@ -51,9 +51,9 @@ def test_presets_use_head_sizes_vllm_cpu_supports(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "model_type", "params"),
     [
-        ("gpu-100m", "llama", 103_905_024),
-        ("qwen2-0.5b", "qwen2", 357_987_712),
-        ("qwen2-1.5b", "qwen2", 1_310_494_208),
+        ("gpu-100m", "llama", 103_906_560),
+        ("qwen2-0.5b", "qwen2", 357_989_504),
+        ("qwen2-1.5b", "qwen2", 1_310_497_280),
     ],
 )
 def test_gpu_presets_have_their_stated_shape_and_size(name: str, model_type: str, params: int) -> None:
@@ -75,6 +75,17 @@ def test_tokenizer_is_character_level_with_bos() -> None:
     assert len(ids) == 1 + len("12 + 3 = 15\nok")
     assert tokenizer.decode(ids, skip_special_tokens=True) == "12 + 3 = 15\nok"
     assert tokenizer.encode("€", add_special_tokens=False) == [tokenizer.unk_token_id]
+
+
+def test_tool_call_tags_are_one_token_each_after_the_characters() -> None:
+    """As a real model's `<tool_call>`: the tags take ids after the 100 of the characters and
+    specials (which keep theirs), decode as written, and text that spells a tag out encodes to it."""
+    tokenizer = build_tokenizer()
+    call = tokenizer.encode('<call>add{"a":1}</call>', add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(call[:4]) == ["<call>", "a", "d", "d"] and len(call) == 12
+    assert (call[0], call[-1], len(tokenizer)) == (100, 101, 102)
+    assert tokenizer.decode(call, skip_special_tokens=True) == '<call>add{"a":1}</call>'
+    assert tokenizer.encode("<cal", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids(c) for c in "<cal"]
 
 
 def test_export_round_trips_through_auto_classes_with_identical_logits(exported: Path) -> None:

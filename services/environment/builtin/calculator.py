@@ -5,18 +5,21 @@
 
 The numbers are drawn from the episode's seed, `digits` long, too long to add in one's head for a
 small model: the answer comes from the tool. `add` adds its arguments `a` and `b`, or, called
-without arguments, the question's two numbers (the shortest call, `<call>add</call>`, which a
-character-level model learns from random weights; copying six digits into JSON is the harder
-variant, the same tool). A turn with tool calls is answered by one tool message per call (a call
+without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
+tokens of the presets, which a small model learns from random weights within a minute; copying
+six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered by one tool message per call (a call
 of an unknown tool, or with arguments that are not two integers `a` and `b`, is answered `bad
 call`); the first turn without a tool call is the answer, scored `correct` 1 or 0, and ends the
 episode.
 
 A wrong answer earns the shaping component `progress`, `shaping` times how far the episode got
 (below 1, so that a right answer, reward exactly 1, always earns more): up to a half for the
-longest start of the call `<call>add</call>` written in the answer's turn, and, once a call has
-returned the sum, a half plus up to a half for the longest start of the sum written in the
-answer. `shaping=0` scores `correct` alone.
+longest start of the call `<call>add</call>` written in the answer's turn, counted in the tokens
+of the presets (a tag, `a`, `d`, `d`, a tag: a tag's first characters count for nothing, which
+would otherwise hold a model at `<`), and, once a call has returned the sum, a half plus up to a
+half for the digits of the answer's number (the one scored) that agree with the sum's from the
+first on (spraying digits earns nothing more than the number written first). `shaping=0` scores
+`correct` alone.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ ADD = Tool(
         "required": [],
     },
 )
-CALL = "<call>add</call>"
-"""The shortest call, in the presets' template: `add` without arguments."""
+CALL = ("<call>", "a", "d", "d", "</call>")
+"""The shortest call, `<call>add</call>` (`add` without arguments), in the pieces the presets'
+tokenizer writes it in: each tag is one token, so half a tag is no step towards the call."""
 
 
 class Calculator(Environment):
     name = "calculator"
-    version = "2"
+    version = "3"
     description = "add two numbers with the add tool, then answer"
     tools = (ADD,)
     max_turns = 4
@@ -83,8 +87,10 @@ class Calculator(Environment):
         """How far a wrong answer's episode got, from 0 to below 1."""
         if not self.summed:
             return 0.5 * _longest_start(CALL, text) / (len(CALL) + 1)
-        answer = str(self.a + self.b)
-        return 0.5 + 0.5 * _longest_start(answer, text) / (len(answer) + 1)
+        answer, found = str(self.a + self.b), NUMBER.search(text)
+        given = found.group() if found is not None else ""
+        right = next((i for i, (x, y) in enumerate(zip(answer, given)) if x != y), min(len(answer), len(given)))
+        return 0.5 + 0.5 * right / (len(answer) + 1)
 
     def _run(self, call: ToolCall) -> str:
         if call.name != ADD.name:
@@ -100,6 +106,6 @@ class Calculator(Environment):
         return str(a + b)
 
 
-def _longest_start(target: str, text: str) -> int:
-    """Length of the longest start of `target` found anywhere in `text`."""
-    return next((n for n in range(len(target), 0, -1) if target[:n] in text), 0)
+def _longest_start(pieces: tuple[str, ...], text: str) -> int:
+    """How many of `pieces`, from the first, `text` holds in a row somewhere."""
+    return next((n for n in range(len(pieces), 0, -1) if "".join(pieces[:n]) in text), 0)
