@@ -1,9 +1,9 @@
 """Load the causal LM the inference engine serves: a local HF directory, or a built-in preset.
 
 Presets are built offline and deterministically (no hub access): a Llama- or Qwen2-style config
-with a character-level tokenizer constructed in code (and its two tool-call tags). `export_preset` writes one as a normal HF
-directory (config, safetensors, tokenizer.json), which AutoModelForCausalLM, AutoTokenizer and vLLM
-load back.
+with a character-level tokenizer (and its two tool-call tags) constructed in code. `export_preset`
+writes one as a normal HF directory (config, safetensors, tokenizer.json), which
+AutoModelForCausalLM, AutoTokenizer and vLLM load back.
 
     tiny        ~0.8M params, 4 layers, head_dim 32: tests and CPU end-to-end runs
     small       ~25M params, 8 layers, head_dim 64: big enough that batching matters (benchmarks)

@@ -85,7 +85,8 @@ def test_tool_call_tags_are_one_token_each_after_the_characters() -> None:
     assert tokenizer.convert_ids_to_tokens(call[:4]) == ["<call>", "a", "d", "d"] and len(call) == 12
     assert (call[0], call[-1], len(tokenizer)) == (100, 101, 102)
     assert tokenizer.decode(call, skip_special_tokens=True) == '<call>add{"a":1}</call>'
-    assert tokenizer.encode("<cal", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids(c) for c in "<cal"]
+    spelled = tokenizer.encode("<cal", add_special_tokens=False)
+    assert spelled == [tokenizer.convert_tokens_to_ids(c) for c in "<cal"]
 
 
 def test_export_round_trips_through_auto_classes_with_identical_logits(exported: Path) -> None:

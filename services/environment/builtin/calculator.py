@@ -7,10 +7,10 @@ The numbers are drawn from the episode's seed, `digits` long, too long to add in
 small model: the answer comes from the tool. `add` adds its arguments `a` and `b`, or, called
 without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
 tokens of the presets, which a small model learns from random weights within a minute; copying
-six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered by one tool message per call (a call
-of an unknown tool, or with arguments that are not two integers `a` and `b`, is answered `bad
-call`); the first turn without a tool call is the answer, scored `correct` 1 or 0, and ends the
-episode.
+six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
+by one tool message per call (a call of an unknown tool, or with arguments that are not two
+integers `a` and `b`, is answered `bad call`); the first turn without a tool call is the answer,
+scored `correct` 1 or 0, and ends the episode.
 
 A wrong answer earns the shaping component `progress`, `shaping` times how far the episode got
 (below 1, so that a right answer, reward exactly 1, always earns more): up to a half for the
@@ -89,8 +89,8 @@ class Calculator(Environment):
             return 0.5 * _longest_start(CALL, text) / (len(CALL) + 1)
         answer, found = str(self.a + self.b), NUMBER.search(text)
         given = found.group() if found is not None else ""
-        right = next((i for i, (x, y) in enumerate(zip(answer, given)) if x != y), min(len(answer), len(given)))
-        return 0.5 + 0.5 * right / (len(answer) + 1)
+        right = next((i for i, (x, y) in enumerate(zip(answer, given, strict=False)) if x != y), None)
+        return 0.5 + 0.5 * (min(len(answer), len(given)) if right is None else right) / (len(answer) + 1)
 
     def _run(self, call: ToolCall) -> str:
         if call.name != ADD.name:
