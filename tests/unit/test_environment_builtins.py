@@ -102,6 +102,18 @@ async def test_calculator_is_solved_with_its_tool() -> None:
         assert set("".join(texts(opening, [called, answered]))) <= set(CHARACTERS)
 
 
+async def test_calculator_sums_have_the_numbers_digits_and_no_first_digit_most_of_the_time() -> None:
+    """No first digit pays without the tool's result: none starts more than a quarter of the sums."""
+    episodes = table("calculator", digits=2)
+    firsts = []
+    for seed in range(200):  # within the table's 256 episodes
+        opening = await episodes.start(f"f{seed}", seed, "")
+        total = str(sum(int(n) for n in opening.messages[0].content.split("+")))
+        assert len(total) == 2
+        firsts.append(total[0])
+    assert max(firsts.count(d) for d in set(firsts)) < 0.25 * len(firsts)
+
+
 async def test_calculator_answers_bad_calls_in_band_and_scores_a_wrong_answer_zero() -> None:
     episodes = table("calculator", digits=2)
     opening = await episodes.start("e", 5, "")

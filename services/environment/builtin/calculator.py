@@ -1,10 +1,12 @@
 """`builtin:calculator`: add two numbers with the `add` tool, then answer; it needs a tool's result.
 
-    user: 347+582                   assistant: <call>add</call>     (or add{"a":347,"b":582})
-    tool: 929                       assistant: 929                  (right: correct 1)
+    user: 347+282                   assistant: <call>add</call>     (or add{"a":347,"b":282})
+    tool: 629                       assistant: 629                  (right: correct 1)
 
 The numbers are drawn from the episode's seed, `digits` long, too long to add in one's head for a
-small model: the answer comes from the tool. `add` adds its arguments `a` and `b`, or, called
+small model: the answer comes from the tool. Each is below half of 10**digits, so that the sum has
+as many digits and starts with 2 to 9: with any two numbers 60 % of the sums would start with 1,
+a first digit that pays without reading the tool's result. `add` adds its arguments `a` and `b`, or, called
 without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
 tokens of the presets, which a small model learns from random weights within a minute; copying
 six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
@@ -62,8 +64,8 @@ class Calculator(Environment):
 
     async def reset(self, seed: int, task: str) -> Opening:
         rng = random.Random(seed)
-        low, high = 10 ** (self.digits - 1), 10**self.digits - 1
-        self.a, self.b = rng.randint(low, high), rng.randint(low, high)
+        low = 10 ** (self.digits - 1)
+        self.a, self.b = rng.randint(low, 5 * low - 1), rng.randint(low, 5 * low - 1)
         return Opening([Message.user(f"{self.a}+{self.b}")])
 
     async def step(self, action: Message) -> Step:
