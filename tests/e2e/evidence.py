@@ -23,6 +23,9 @@ def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]
     return {sample_id: (state, disposition, version) for sample_id, state, disposition, version in rows}
 
 
+FORK = "~"
+
+
 def assert_trained_exactly_once(
     run_dir: Path, budget: int, lost: Collection[int] | None = None
 ) -> Counter[str]:
@@ -34,10 +37,16 @@ def assert_trained_exactly_once(
     step of the final weights' history must consist of exactly the ids journaled at its version:
     no sample is in two of them, and none is missing."""
     rows = journal_rows(run_dir)
-    assert len(rows) == budget, f"{len(rows)} attempts for a budget of {budget}"
+    # An episode whose token stream forked added samples of its own, `<id>~<n>`: the budget counts
+    # episodes, and each added sample shares its episode's fate.
+    episodes = {i: row for i, row in rows.items() if FORK not in i}
+    assert len(episodes) == budget, f"{len(episodes)} attempts for a budget of {budget}"
+    for fork in rows.keys() - episodes.keys():
+        episode = episodes.get(fork.partition(FORK)[0])
+        assert episode is not None and episode[1] == rows[fork][1], f"{fork} ended apart from its episode"
     unfinished = {i: row for i, row in rows.items() if row[0] != "acked"}
     assert not unfinished, f"attempts not final: {sorted(unfinished.items())[:5]}"
-    dispositions = Counter(str(d) for _, d, _ in rows.values())
+    dispositions = Counter(str(d) for _, d, _ in episodes.values())
     reasons = {d for d in dispositions if d != "trained"}
     assert all(d == "dropped" or d.startswith(("failed:", "unscored:")) for d in reasons), dispositions
     trained = {i: v for i, (_, d, v) in rows.items() if d == "trained"}

@@ -25,7 +25,7 @@ from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
-from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
+from tests.e2e.evidence import FORK, assert_trained_exactly_once, journal_rows
 from tests.e2e.test_failover import assert_nothing_failed
 
 pytestmark = pytest.mark.slow
@@ -169,13 +169,13 @@ async def test_an_episode_that_forks_trains_each_of_its_samples_once(tmp_path: P
     result = await launch(settings, lambda run, _: last.append(run))
     assert result.state == "completed", result
     rows = journal_rows(settings.run_dir)
-    forks = {sample_id for sample_id in rows if "~" in sample_id}
+    forks = {sample_id for sample_id in rows if FORK in sample_id}
     assert len(rows) - len(forks) == BUDGET and forks, f"{len(forks)} fork samples"
     episodes = last[-1].progress.episodes
     assert episodes is not None and episodes.forks >= len(forks), episodes
-    assert_trained_exactly_once(settings.run_dir, len(rows))
+    assert_trained_exactly_once(settings.run_dir, BUDGET)
     journal = sqlite3.connect(settings.run_dir / "journal.sqlite")
     rewards = dict(journal.execute("SELECT sample_id, reward FROM attempts").fetchall())
     journal.close()
     for fork in forks:  # each sample of an episode carries the episode's reward
-        assert rewards[fork] == rewards[fork.partition("~")[0]]
+        assert rewards[fork] == rewards[fork.partition(FORK)[0]]
