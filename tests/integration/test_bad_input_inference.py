@@ -15,6 +15,7 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 
 from pipelinerl.common.log import get_logger
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.v1 import common_pb2
 from pipelinerl.inference.v1 import inference_pb2 as pb
 from pipelinerl.inference.v1 import inference_pb2_grpc
@@ -43,7 +44,7 @@ log = get_logger(__name__)
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICE = "/pipelinerl.inference.v1.InferenceService/"
-VOCAB = 100  # the tiny preset's character-level tokenizer
+VOCAB = len(build_tokenizer())  # the tiny preset's
 MAX_RUNNING, QUEUE_AHEAD, MAX_NEW_TOKENS, CONTEXT = 4, 2, 16, 128
 WINDOW = MAX_RUNNING + QUEUE_AHEAD  # requests a stream may have in flight
 INT32_MAX = 2**31 - 1

@@ -16,6 +16,7 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 
 from pipelinerl.common.log import get_logger
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.v1 import common_pb2
 from pipelinerl.trainer.v1 import trainer_pb2 as pb
 from pipelinerl.trainer.v1 import trainer_pb2_grpc
@@ -47,7 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICE = "/pipelinerl.trainer.v1.TrainerService/"
 RUN_ID = "bad-input"
-VOCAB, CONTEXT = 100, 1024  # the tiny preset's
+VOCAB, CONTEXT = len(build_tokenizer()), 1024  # the tiny preset's
 INT32_MAX = 2**31 - 1
 NAN, INF = math.nan, math.inf
 _ids = itertools.count()

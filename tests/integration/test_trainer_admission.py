@@ -17,6 +17,7 @@ from pipelinerl.common.errors import Unavailable
 from pipelinerl.common.model import build_preset
 from pipelinerl.common.server import GrpcServer
 from pipelinerl.common.settings import ServiceSettings
+from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.common.types import Sample, TokenSequence
 from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
@@ -31,7 +32,7 @@ from tests.integration.test_trainer_loop import group
 
 pytestmark = pytest.mark.slow
 
-VOCAB = 100  # the tiny preset's
+VOCAB = len(build_tokenizer())  # the tiny preset's
 CONTEXT = 1024
 
 
