@@ -36,6 +36,8 @@ TOOLS = [
     }
 ]
 QUESTION = {"role": "user", "content": "347+582"}
+CALL = '<call>add{"a":347,"b":582}</call>'
+CALL_TOKENS = len(TOKENIZER.encode(CALL, add_special_tokens=False)) + 1  # and <eos>
 
 
 @dataclass
@@ -90,7 +92,7 @@ def assert_one_sample_of_two_turns(episode: AgentRecorder) -> None:
 
 
 async def test_the_openai_client_round_trips_a_tool_call(gateway: AgentGateway) -> None:
-    pool = ScriptedPool(['<call>add{"a":347,"b":582}</call>', "929"])
+    pool = ScriptedPool([CALL, "929"])
     episode = recorder(pool, gateway)
     with gateway.episode(episode) as (base_url, key):
         async with AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
@@ -104,8 +106,8 @@ async def test_the_openai_client_round_trips_a_tool_call(gateway: AgentGateway) 
             assert call.type == "function" and call.function.name == "add"
             assert json.loads(call.function.arguments) == {"a": 347, "b": 582}
             assert choice.logprobs is not None and choice.logprobs.content is not None
-            assert [t.logprob for t in choice.logprobs.content] == [-0.5] * 34
-            assert first.usage is not None and first.usage.completion_tokens == 34
+            assert [t.logprob for t in choice.logprobs.content] == [-0.5] * CALL_TOKENS
+            assert first.usage is not None and first.usage.completion_tokens == CALL_TOKENS
             assert first.system_fingerprint == "pipelinerl-v7"
             messages += [
                 choice.message.model_dump(exclude_none=True),
@@ -124,7 +126,7 @@ async def test_the_openai_client_round_trips_a_tool_call(gateway: AgentGateway) 
 
 
 async def test_the_openai_client_round_trips_a_tool_call_streaming(gateway: AgentGateway) -> None:
-    episode = recorder(ScriptedPool(['<call>add{"a":347,"b":582}</call>', "929"]), gateway)
+    episode = recorder(ScriptedPool([CALL, "929"]), gateway)
     with gateway.episode(episode) as (base_url, key):
         async with AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
             messages: list = [QUESTION]
@@ -147,7 +149,8 @@ async def test_the_openai_client_round_trips_a_tool_call_streaming(gateway: Agen
                         call["name"] += delta.function.name or "" if delta.function else ""
                         call["arguments"] += delta.function.arguments or "" if delta.function else ""
             assert finish == "tool_calls" and content == "" and usage is not None
-            assert usage.completion_tokens == 34 and usage.prompt_tokens == usage.total_tokens - 34
+            assert usage.completion_tokens == CALL_TOKENS
+            assert usage.prompt_tokens == usage.total_tokens - CALL_TOKENS
             (call,) = calls.values()
             assert call["name"] == "add" and json.loads(call["arguments"]) == {"a": 347, "b": 582}
             messages += [

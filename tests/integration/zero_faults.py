@@ -45,7 +45,7 @@ def main(stage: int, out: Path) -> None:
         return
     report: dict[str, object] = {}
     bad = group("bad", [0.0, 1.0])
-    bad[1].completion.token_ids[0] = 100
+    bad[1].completion.token_ids[0] = learner.limits.vocab_size
     try:
         learner.step(bad, 0)
     except InvalidArgument as exc:
