@@ -23,6 +23,9 @@ from pathlib import Path
 from pipelinerl.common.types import FinishReason, Segment, SegmentKind, TokenSequence
 from pipelinerl.coordinator.types import EvaluationResult
 
+FORK = "~"
+"""Joins an episode's attempt id and the number of a sample its fork added: `<attempt>~<n>`."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -295,6 +298,17 @@ class Journal:
                 )
             )
         return records
+
+    def forked(self, run_id: str) -> int:
+        """Samples that episodes' forks added: attempts of their own, not of the groups the run's
+        budget counts. Told by the `~` after the attempt's id, past the group's id (which a run id
+        may give a `~` of its own)."""
+        (n,) = self._db.execute(
+            "SELECT COUNT(*) FROM attempts a JOIN groups g ON a.group_id = g.group_id"
+            " WHERE g.run_id = ? AND instr(substr(a.sample_id, length(a.group_id) + 1), ?) > 0",
+            (run_id, FORK),
+        ).fetchone()
+        return int(n)
 
     def counts(self, run_id: str) -> dict[str, int]:
         """Attempts per state (and per final disposition, as `acked:<disposition>`)."""

@@ -41,7 +41,7 @@ from pipelinerl.common.types import FinishReason, Sample
 from pipelinerl.coordinator.datasets import ENVIRONMENT
 from pipelinerl.coordinator.episode import EpisodeDriver, EpisodeResult
 from pipelinerl.coordinator.eval_schedule import EvaluationSchedule
-from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.coordinator.journal import FORK, AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.pool import InferencePool
 from pipelinerl.coordinator.reward_pool import RewardPool
 from pipelinerl.coordinator.submitter import TrainerSubmitter
@@ -79,16 +79,18 @@ class _Counters:
     dropped: int = 0
 
     @classmethod
-    def so_far(cls, counts: dict[str, int]) -> _Counters:
+    def so_far(cls, counts: dict[str, int], forked: int = 0) -> _Counters:
         """The run's counters from the journal's `counts`, so a resumed run's budget and progress
         span restarts. Attempts still in flight count as far as they got, once: generated and
-        scored are counted where that happens, and a resend's DUPLICATE ack counts as nothing."""
+        scored are counted where that happens, and a resend's DUPLICATE ack counts as nothing.
+        `forked` samples (the journal's `forked`) count as generated and beyond, as when they were
+        played, but not as dispatched: the budget counts the attempts groups are made with."""
         acked = {key.removeprefix("acked:"): n for key, n in counts.items() if key.startswith("acked:")}
         failed = sum(n for d, n in acked.items() if d.startswith("failed:"))
         unscored = sum(n for d, n in acked.items() if d.startswith("unscored:"))
         scored = counts.get("scored", 0) + counts.get("trained", 0) + sum(acked.values()) - failed - unscored
         return cls(
-            dispatched=sum(counts.values()),
+            dispatched=sum(counts.values()) - forked,
             generated=counts.get("generated", 0) + scored + unscored,
             scored=scored,
             trained=acked.get("trained", 0) + counts.get("trained", 0),
@@ -121,7 +123,7 @@ class RunLoop:
         self._episode_stats = _EpisodeCounters()
         self._forks: dict[str, list[AttemptRecord]] = {}
         """The attempts each episode's forks added, until its group journals them."""
-        self._counts = _Counters.so_far(journal.counts(run_id))  # zeros for a new run
+        self._counts = _Counters.so_far(journal.counts(run_id), journal.forked(run_id))  # zeros for a new run
         self._rewards: deque[float] = deque(maxlen=WINDOW)
         self._correct: deque[bool] = deque(maxlen=WINDOW)
         self._lags: deque[float] = deque(maxlen=WINDOW)
@@ -364,7 +366,7 @@ class RunLoop:
         self._failures_in_a_row = 0
         # the first sample is the attempt's; each later one (after a fork) an attempt of its own
         records = [attempt] + [
-            AttemptRecord(f"{attempt.sample_id}~{n}", "") for n in range(1, len(result.samples))
+            AttemptRecord(f"{attempt.sample_id}{FORK}{n}", "") for n in range(1, len(result.samples))
         ]
         for record, sample in zip(records, result.samples, strict=True):
             record.state, record.completion, record.segments = "generated", sample.completion, sample.segments

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 
+from pipelinerl.coordinator.journal import FORK
 from pipelinerl.trainer.checkpoint import CheckpointDir, read_trainer_state
 
 
@@ -21,9 +22,6 @@ def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]
     finally:
         journal.close()
     return {sample_id: (state, disposition, version) for sample_id, state, disposition, version in rows}
-
-
-FORK = "~"
 
 
 def assert_trained_exactly_once(

@@ -20,12 +20,13 @@ from pipelinerl.common.model import export_preset
 from pipelinerl.common.presets import CHAT_TEMPLATE
 from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.coordinator.config import CoordinatorSettings
+from pipelinerl.coordinator.journal import FORK
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
-from tests.e2e.evidence import FORK, assert_trained_exactly_once, journal_rows
+from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
 from tests.e2e.test_failover import assert_nothing_failed
 
 pytestmark = pytest.mark.slow

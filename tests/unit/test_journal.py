@@ -10,7 +10,7 @@ import pytest
 
 from pipelinerl.common.types import FinishReason, TokenSequence
 from pipelinerl.coordinator.config import CoordinatorSettings
-from pipelinerl.coordinator.journal import AttemptRecord, GroupRecord, Journal
+from pipelinerl.coordinator.journal import FORK, AttemptRecord, GroupRecord, Journal
 from pipelinerl.coordinator.loop import RunLoop
 from pipelinerl.coordinator.types import RunSpec
 
@@ -49,6 +49,28 @@ def test_states_survive_reopen_and_drive_resumption(tmp_path: Path) -> None:
     assert generated.completion == tokens and generated.prompt_token_ids == [1, 3]
     assert generated.finish_reason is FinishReason.LENGTH
     assert reopened.counts("r") == {"acked:trained": 3, "generated": 1, "created": 2}
+
+
+def test_a_resumed_run_spends_its_budget_on_episodes_not_on_their_forks(tmp_path: Path) -> None:
+    """The samples an episode's fork added are played and counted as generated, but the budget
+    counts the attempts groups are made with: a resumed run must not stop short by its forks.
+    A run id with a `~` of its own is no fork."""
+    journal = Journal(tmp_path / "journal.sqlite")
+    journal.create_run("r~1", {"env": "builtin:guess_number"})
+    attempts = [AttemptRecord(f"r~1-p0-a{i}", "created") for i in range(3)]
+    journal.add_group("r~1", GroupRecord("r~1-p0", 0, "7", "", "environment", attempts))
+    tokens = TokenSequence([5], [-0.1], [0])
+    played = [
+        AttemptRecord(sample_id, "generated", [1], tokens, "5", FinishReason.STOP, "127.0.0.1:1", reward=1.0)
+        for sample_id in ("r~1-p0-a0", f"r~1-p0-a0{FORK}1", f"r~1-p0-a0{FORK}2", "r~1-p0-a1")
+    ]
+    journal.mark_played("r~1-p0", played)
+    assert journal.forked("r~1") == 2
+
+    stub = SimpleNamespace(snapshot=list, latest_version=0)
+    spec = RunSpec("", group_size=3, max_samples=6)
+    progress = RunLoop("r~1", spec, journal, stub, stub, stub, iter(())).progress()  # type: ignore[arg-type]
+    assert (progress.dispatched, progress.generated, progress.scored) == (3, 4, 4)
 
 
 def test_a_resumed_run_counts_what_the_journal_holds(tmp_path: Path) -> None:
