@@ -6,8 +6,8 @@
 The numbers are drawn from the episode's seed, `digits` long, too long to add in one's head for a
 small model: the answer comes from the tool. Each is below half of 10**digits, so that the sum has
 as many digits and starts with 2 to 9: with any two numbers 60 % of the sums would start with 1,
-a first digit that pays without reading the tool's result. `add` adds its arguments `a` and `b`, or, called
-without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
+a first digit that pays without reading the tool's result. `add` adds its arguments `a` and `b`,
+or, called without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
 tokens of the presets, which a small model learns from random weights within a minute; copying
 six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
 by one tool message per call (a call of an unknown tool, or with arguments that are not two
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import re
+from itertools import takewhile
 
 from pipelinerl.environment.sdk import Environment, Message, Opening, Step, Tool, ToolCall
 
@@ -91,8 +92,8 @@ class Calculator(Environment):
             return 0.5 * _longest_start(CALL, text) / (len(CALL) + 1)
         answer, found = str(self.a + self.b), NUMBER.search(text)
         given = found.group() if found is not None else ""
-        right = next((i for i, (x, y) in enumerate(zip(answer, given, strict=False)) if x != y), None)
-        return 0.5 + 0.5 * (min(len(answer), len(given)) if right is None else right) / (len(answer) + 1)
+        right = sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], zip(answer, given, strict=False)))
+        return 0.5 + 0.5 * right / (len(answer) + 1)
 
     def _run(self, call: ToolCall) -> str:
         if call.name != ADD.name:
