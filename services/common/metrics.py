@@ -13,11 +13,14 @@ update. Names follow `pipelinerl_<role>_<what>_<unit>` (docs/observability.md li
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -69,13 +72,30 @@ def counters(prefix: str, docs: Mapping[str, str], values: Mapping[str, float]) 
         yield CounterMetricFamily(f"{prefix}_{name}", docs[name], value=value)
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    """prometheus_client's `start_http_server`, binding with SO_REUSEPORT as gRPC does, so that it
+    can bind a port the launcher holds for it (launcher/ports.py)."""
+
+    daemon_threads = True
+    allow_reuse_port = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
 class MetricsEndpoint:
     """`GET /metrics` of `registry` on host:port, served by a daemon thread until `stop`."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._server: WSGIServer
-        self._thread: threading.Thread
-        self._server, self._thread = start_http_server(port, host.strip("[]"), registry)
+        family = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (_Server,), {"address_family": family})
+        self._server: WSGIServer = make_server(
+            host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
         self.port: int = self._server.server_port
         log.info("serving metrics", url=f"http://{host}:{self.port}/metrics")
 

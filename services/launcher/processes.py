@@ -1,7 +1,7 @@
-"""The service processes of a local run: started with their own config file, each binding a port of
-its own choosing (port 0, reported in its ready file, so that runs started at once never race for
-one), pinned to cores where that helps, awaited until healthy, started again on the same ports
-(`restart`), stopped by their own handle."""
+"""The service processes of a local run: started with their own config file, on ports the launcher
+holds for them until they stop for good (`ports.py`: chosen by the kernel, so that runs started at
+once never race for one, and kept across restarts), pinned to cores where that helps, awaited until
+healthy, started again on the same ports (`restart`), stopped by their own handle."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import yaml
 
 from pipelinerl.common.health import wait_until_serving
 from pipelinerl.common.log import get_logger
+from pipelinerl.launcher.ports import hold_port
 
 log = get_logger(__name__)
 
@@ -48,6 +50,8 @@ class ServiceProcess:
     """The gRPC port, known once `wait_healthy` has returned."""
     metrics_port: int | None = None
     """Where the service serves `/metrics`, if it does (known with `port`)."""
+    held: tuple[socket.socket, ...] = ()
+    """The launcher's sockets on the service's ports (`hold_port`), closed once it has stopped."""
 
     @property
     def address(self) -> str:
@@ -118,7 +122,7 @@ class ServiceProcess:
             config["metrics_port"] = self.metrics_port
         c = self.command
         again = start_service(
-            self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks, c.nice
+            self.name, c.module, config, self.log_path.parent, c.cores, c.python, c.ranks, c.nice, self.held
         )
         again.port, again.metrics_port = self.port, self.metrics_port
         return again
@@ -141,6 +145,8 @@ class ServiceProcess:
                 log.warning("service did not stop in time; killing it", service=self.name)
                 self.process.kill()
                 self.process.wait()
+        for held in self.held:
+            held.close()
         return self.process.returncode
 
 
@@ -153,11 +159,14 @@ def start_service(
     python: str = sys.executable,
     ranks: int = 1,
     nice: int = 0,
+    held: tuple[socket.socket, ...] | None = None,
 ) -> ServiceProcess:
     """`python -m <module> --config <run_dir>/<name>.yaml`, logging to `<run_dir>/<name>.log`; with
     `ranks` > 1, that many copies under torchrun (which forwards SIGTERM to each; rank 0 serves).
     The CPU seconds of torchrun's ranks count once they have exited. `nice` > 0 lowers its
-    scheduling priority: it then runs mostly on CPU time the others leave idle."""
+    scheduling priority: it then runs mostly on CPU time the others leave idle. Its ports (`port`,
+    and `metrics_port` when set; 0 for one the kernel picks) are held from here (`hold_port`), or
+    by `held` when it is started again on them."""
     ready_file = run_dir / f"{name}.address"
     ready_file.unlink(missing_ok=True)  # a resumed run's: the new process writes its own
     config = {
@@ -166,6 +175,8 @@ def start_service(
         "host": "127.0.0.1",
         "ready_file": str(ready_file),
     }
+    if held is None:
+        held = _hold_ports(config)
     config_path = run_dir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log_path = run_dir / f"{name}.log"
@@ -191,7 +202,22 @@ def start_service(
             os.setpriority(os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
     log.info("started", service=name, pid=process.pid, cores=sorted(cores) if cores else "any", nice=nice)
     command = Command(module, config_path, cores, python, ranks, nice)
-    return ServiceProcess(name, process, log_path, ready_file, command)
+    return ServiceProcess(name, process, log_path, ready_file, command, held=held)
+
+
+def _hold_ports(config: dict[str, Any]) -> tuple[socket.socket, ...]:
+    """Hold the ports `config` names (0: one the kernel picks) and write the held ones into it."""
+    held: list[socket.socket] = []
+    try:
+        for key in ("port", "metrics_port"):
+            if config.get(key) is not None:
+                held.append(hold_port(config["host"], config[key]))
+                config[key] = held[-1].getsockname()[1]
+    except OSError:
+        for socket_ in held:
+            socket_.close()
+        raise
+    return tuple(held)
 
 
 async def stop_all(processes: list[ServiceProcess]) -> dict[str, float]:

@@ -150,7 +150,9 @@ class Supervisor:
         try:
             await restarted.wait_healthy(self._start_timeout_s, self._tls_ca_file)
         except RuntimeError as exc:  # it died again on its way up: the next check restarts it
-            self._record(f"{service.name} restart failed: {str(exc).splitlines()[0]}")
+            why, *log_tail = str(exc).splitlines()
+            last = next((line for line in reversed(log_tail) if line.strip()), "")
+            self._record(f"{service.name} restart failed: {why} {last.strip()}")
             return
         self._record(f"{service.name} serving again (pid {restarted.process.pid})")
 

@@ -1,11 +1,13 @@
 """The launcher's service processes (services/launcher/processes.py): a pinned service starts whole
-while gRPC calls run in the launcher, as they do when its supervisor restarts one; and a restart
-that dies before it serves still hands the service's ports to the next."""
+while gRPC calls run in the launcher, as they do when its supervisor restarts one; a restart that
+dies before it serves still hands the service's ports to the next; and nothing else can take a
+service's ports while it is down."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from pathlib import Path
 
 import grpc
@@ -14,6 +16,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from pipelinerl.common.health import wait_until_serving
 from pipelinerl.launcher.processes import start_service
 
 PROBE = """\
@@ -67,3 +70,33 @@ def test_a_restart_that_dies_before_serving_hands_its_ports_to_the_next(tmp_path
     assert (third.port, third.metrics_port) == (45001, 45002)
     config = yaml.safe_load((tmp_path / "svc.yaml").read_text())
     assert (config["port"], config["metrics_port"]) == (45001, 45002)
+
+
+async def test_a_service_s_ports_stay_its_own_while_it_is_down(tmp_path: Path) -> None:
+    """Nothing else on the machine can take a dead service's ports before its restart binds them:
+    not a bind of its own, not the kernel's choice for port 0 (services/launcher/ports.py)."""
+    service = start_service("reward", "pipelinerl.reward", {"workers": 1, "metrics_port": 0}, tmp_path)
+    try:
+        await service.wait_healthy(60)
+        ports = (service.port, service.metrics_port)
+        assert None not in ports and len(set(ports)) == 2, ports
+        service.process.kill()
+        service.process.wait()
+        for port in ports:
+            with socket.socket() as taker, pytest.raises(OSError, match="in use"):
+                taker.bind(("127.0.0.1", port))
+        chosen = set()
+        for _ in range(2000):
+            with socket.socket() as other:
+                other.bind(("127.0.0.1", 0))
+                chosen.add(other.getsockname()[1])
+        assert not chosen & set(ports)
+        service = service.restart()
+        await service.wait_healthy(60)
+        assert (service.port, service.metrics_port) == ports
+        assert await wait_until_serving(service.address, timeout_s=10)
+    finally:
+        assert service.stop() is not None
+    for port in ports:  # free once the service has stopped for good
+        with socket.socket() as after:
+            after.bind(("127.0.0.1", port))
