@@ -24,6 +24,21 @@ def journal_rows(run_dir: Path) -> dict[str, tuple[str, str | None, int | None]]
     return {sample_id: (state, disposition, version) for sample_id, state, disposition, version in rows}
 
 
+def forks(run_dir: Path) -> dict[str, str]:
+    """The samples episodes' forks added -> their episode's id: a `~` after the attempt's id, past
+    its group's id (which a run id may give a `~` of its own), as `Journal.forked` tells them."""
+    journal = sqlite3.connect(run_dir / "journal.sqlite")
+    try:
+        rows = journal.execute("SELECT sample_id, group_id FROM attempts").fetchall()
+    finally:
+        journal.close()
+    return {
+        sample_id: group_id + sample_id[len(group_id) :].partition(FORK)[0]
+        for sample_id, group_id in rows
+        if FORK in sample_id[len(group_id) :]
+    }
+
+
 def assert_trained_exactly_once(
     run_dir: Path, budget: int, lost: Collection[int] | None = None
 ) -> Counter[str]:
@@ -37,10 +52,11 @@ def assert_trained_exactly_once(
     rows = journal_rows(run_dir)
     # An episode whose token stream forked added samples of its own, `<id>~<n>`: the budget counts
     # episodes, and each added sample shares its episode's fate.
-    episodes = {i: row for i, row in rows.items() if FORK not in i}
+    added = forks(run_dir)
+    episodes = {i: row for i, row in rows.items() if i not in added}
     assert len(episodes) == budget, f"{len(episodes)} attempts for a budget of {budget}"
-    for fork in rows.keys() - episodes.keys():
-        episode = episodes.get(fork.partition(FORK)[0])
+    for fork, episode_id in added.items():
+        episode = episodes.get(episode_id)
         assert episode is not None and episode[1] == rows[fork][1], f"{fork} ended apart from its episode"
     unfinished = {i: row for i, row in rows.items() if row[0] != "acked"}
     assert not unfinished, f"attempts not final: {sorted(unfinished.items())[:5]}"

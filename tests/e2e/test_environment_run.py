@@ -20,13 +20,12 @@ from pipelinerl.common.model import export_preset
 from pipelinerl.common.presets import CHAT_TEMPLATE
 from pipelinerl.common.tokenizer import build_tokenizer
 from pipelinerl.coordinator.config import CoordinatorSettings
-from pipelinerl.coordinator.journal import FORK
 from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.processes import ServiceProcess
 from pipelinerl.launcher.report import read_points
 from pipelinerl.launcher.run import launch
-from tests.e2e.evidence import assert_trained_exactly_once, journal_rows
+from tests.e2e.evidence import assert_trained_exactly_once, forks, journal_rows
 from tests.e2e.test_failover import assert_nothing_failed
 
 pytestmark = pytest.mark.slow
@@ -169,14 +168,13 @@ async def test_an_episode_that_forks_trains_each_of_its_samples_once(tmp_path: P
     last: list[RunInfo] = []
     result = await launch(settings, lambda run, _: last.append(run))
     assert result.state == "completed", result
-    rows = journal_rows(settings.run_dir)
-    forks = {sample_id for sample_id in rows if FORK in sample_id}
-    assert len(rows) - len(forks) == BUDGET and forks, f"{len(forks)} fork samples"
+    rows, added = journal_rows(settings.run_dir), forks(settings.run_dir)
+    assert len(rows) - len(added) == BUDGET and added, f"{len(added)} fork samples"
     episodes = last[-1].progress.episodes
-    assert episodes is not None and episodes.forks >= len(forks), episodes
+    assert episodes is not None and episodes.forks >= len(added), episodes
     assert_trained_exactly_once(settings.run_dir, BUDGET)
     journal = sqlite3.connect(settings.run_dir / "journal.sqlite")
     rewards = dict(journal.execute("SELECT sample_id, reward FROM attempts").fetchall())
     journal.close()
-    for fork in forks:  # each sample of an episode carries the episode's reward
-        assert rewards[fork] == rewards[fork.partition(FORK)[0]]
+    for fork, episode in added.items():  # each sample of an episode carries the episode's reward
+        assert rewards[fork] == rewards[episode]
