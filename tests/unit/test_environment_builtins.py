@@ -143,8 +143,23 @@ async def test_calculator_adds_the_questions_numbers_when_called_without_argumen
     assert [(c.name, c.value) for c in answered.rewards] == [("correct", 1.0)]
 
 
+async def test_calculator_scores_an_answer_right_only_after_the_tool_returned_the_sum() -> None:
+    """With one digit the sums are 2 to 8: learnt by heart, they would pay without the tool."""
+    episodes = table("calculator", digits=1, shaping=0.0)
+    opening = await episodes.start("guess", 4, "")
+    total = sum(int(n) for n in opening.messages[0].content.split("+"))
+    assert 2 <= total <= 8
+    unaided = await episodes.step("guess", 1, Message.assistant(str(total)))
+    assert unaided.terminated and unaided.reward == 0.0
+    await episodes.start("other", 4, "")
+    elsewhere = await episodes.step("other", 1, Message.assistant("", [add("c1", 1, 1)]))
+    assert [m.content for m in elsewhere.messages] == ["2"]
+    assert (await episodes.step("other", 2, Message.assistant(str(total)))).reward == float(total == 2)
+
+
 async def test_calculator_shapes_a_wrong_answer_by_how_far_it_got() -> None:
-    """Below 1 at every stage, rising with the call's start written, then with the sum's start."""
+    """Below 1 at every stage, rising with the call's start written, then with a number written and
+    the sum's start."""
     episodes = table("calculator")
     rewards = []
     for n, turns in enumerate(
@@ -153,6 +168,7 @@ async def test_calculator_shapes_a_wrong_answer_by_how_far_it_got() -> None:
             ["<call>ad"],
             ["<call>add</cal"],
             ["<call>add</call>", "x"],
+            ["<call>add</call>", "0"],  # a number, though wrong, is one step
             ["<call>add</call>", "{sum3}"],
         ]
     ):

@@ -12,15 +12,19 @@ tokens of the presets, which a small model learns from random weights within a m
 six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
 by one tool message per call (a call of an unknown tool, or with arguments that are not two
 integers `a` and `b`, is answered `bad call`); the first turn without a tool call is the answer,
-scored `correct` 1 or 0, and ends the episode.
+scored `correct` 1 or 0, and ends the episode. An answer is right only once a call has returned the
+sum: the task is to use the tool's result, and with `digits` 1 (sums 2 to 8, the first step of a
+curriculum) a model could otherwise learn the sums by heart.
 
 A wrong answer earns the shaping component `progress`, `shaping` times how far the episode got
 (below 1, so that a right answer, reward exactly 1, always earns more): up to a half for the
 longest start of the call `<call>add</call>` written in the answer's turn, counted in the tokens
 of the presets (a tag, `a`, `d`, `d`, a tag: a tag's first characters count for nothing, which
 would otherwise hold a model at `<`), and, once a call has returned the sum, a half plus up to a
-half for the digits of the answer's number (the one scored) that agree with the sum's from the
-first on (spraying digits earns nothing more than the number written first). `shaping=0` scores
+half for an answer with a number (one step) and the digits of that number (the one scored) that
+agree with the sum's from the first on (one step each; spraying digits earns nothing more than
+the number written first). Without the step for a number, a wrong digit would earn no more than
+no digit at all, and a model that answers with anything else never tries one. `shaping=0` scores
 `correct` alone.
 """
 
@@ -49,7 +53,7 @@ tokenizer writes it in: each tag is one token, so half a tag is no step towards 
 
 class Calculator(Environment):
     name = "calculator"
-    version = "3"
+    version = "4"
     description = "add two numbers with the add tool, then answer"
     tools = (ADD,)
     max_turns = 4
@@ -75,7 +79,7 @@ class Calculator(Environment):
             self.summed = self.summed or str(self.a + self.b) in results
             return Step([Message.tool(call, r) for call, r in zip(action.tool_calls, results, strict=True)])
         found = NUMBER.search(action.content)
-        if found is not None and int(found.group()) == self.a + self.b:
+        if self.summed and found is not None and int(found.group()) == self.a + self.b:
             return Step([], {"correct": 1.0}, terminated=True)
         rewards = {"correct": 0.0}
         if self.shaping:
@@ -91,9 +95,11 @@ class Calculator(Environment):
         if not self.summed:
             return 0.5 * _longest_start(CALL, text) / (len(CALL) + 1)
         answer, found = str(self.a + self.b), NUMBER.search(text)
-        given = found.group() if found is not None else ""
-        right = sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], zip(answer, given, strict=False)))
-        return 0.5 + 0.5 * right / (len(answer) + 1)
+        if found is None:
+            return 0.5
+        pairs = zip(answer, found.group(), strict=False)
+        right = sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], pairs))
+        return 0.5 + 0.5 * (1 + right) / (len(answer) + 2)
 
     def _run(self, call: ToolCall) -> str:
         if call.name != ADD.name:
