@@ -40,7 +40,9 @@ def _settings(run_dir: Path, agent: str, **overrides: object) -> RunSettings:
         group_size=4,
         samples_per_step=32,
         max_in_flight=64,
-        max_new_tokens=8,
+        # The tiny preset's random weights end 4.5 % of their first turns within 8 tokens and 18 %
+        # within 32: with 8, one run in 20 had no episode of several calls among its 64.
+        max_new_tokens=32,
         eval=[],
     )
     return RunSettings(**(fields | overrides))  # type: ignore[arg-type]

@@ -43,7 +43,9 @@ def _settings(run_dir: Path, **overrides: object) -> RunSettings:
         group_size=4,
         samples_per_step=32,
         max_in_flight=64,
-        max_new_tokens=8,  # a random model's turns stay short, so episodes of several turns are common
+        # The tiny preset's random weights end 4.5 % of their first turns within 8 tokens: a dozen
+        # of the 256 episodes have several turns, and short turns keep the runs quick.
+        max_new_tokens=8,
     )
     return RunSettings(**(fields | overrides))  # type: ignore[arg-type]
 
