@@ -1,7 +1,8 @@
-"""Two runs started at the same moment on one machine both complete. Every service binds a port of
-its own choosing (port 0) and reports it in its ready file, so no two services can be handed the
-same free port; before, the launcher picked free ports and the services bound them later, and two
-runs started together could collide (`Address already in use`)."""
+"""Two runs started at the same moment on one machine both complete. Every service's ports are the
+kernel's choice, bound by its launcher (with SO_REUSEPORT, which the service shares) before the
+service starts and held until it stops, so no two services can be handed the same port; before,
+the launcher picked free ports and released them for the services to bind later, and two runs
+started together could collide (`Address already in use`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,6 @@ async def test_two_runs_started_at_once_both_complete_on_ports_their_services_ch
     for settings, run in zip(runs, processes, strict=True):
         for service in run:
             config = yaml.safe_load((settings.run_dir / f"{service.name}.yaml").read_text())
-            assert config["port"] == 0 and config["metrics_port"] == 0, config  # chosen by the service
+            assert (config["port"], config["metrics_port"]) == (service.port, service.metrics_port), config
             address, metrics = service.ready_file.read_text().splitlines()
             assert address == service.address and metrics == f"metrics 127.0.0.1:{service.metrics_port}"
