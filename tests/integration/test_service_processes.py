@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from pipelinerl.common.health import wait_until_serving
+from pipelinerl.launcher.ports import hold_port
 from pipelinerl.launcher.processes import start_service
 
 PROBE = """\
@@ -74,7 +75,8 @@ def test_a_restart_that_dies_before_serving_hands_its_ports_to_the_next(tmp_path
 
 async def test_a_service_s_ports_stay_its_own_while_it_is_down(tmp_path: Path) -> None:
     """Nothing else on the machine can take a dead service's ports before its restart binds them:
-    not a bind of its own, not the kernel's choice for port 0 (services/launcher/ports.py)."""
+    not a bind of its own, not the kernel's choice for port 0, with or without SO_REUSEPORT
+    (services/launcher/ports.py)."""
     service = start_service("reward", "pipelinerl.reward", {"workers": 1, "metrics_port": 0}, tmp_path)
     try:
         await service.wait_healthy(60)
@@ -86,9 +88,10 @@ async def test_a_service_s_ports_stay_its_own_while_it_is_down(tmp_path: Path) -
             with socket.socket() as taker, pytest.raises(OSError, match="in use"):
                 taker.bind(("127.0.0.1", port))
         chosen = set()
-        for _ in range(2000):
-            with socket.socket() as other:
-                other.bind(("127.0.0.1", 0))
+        for n in range(2000):  # another run's launcher holds ports with SO_REUSEPORT
+            with hold_port("127.0.0.1") if n % 2 else socket.socket() as other:
+                if not n % 2:
+                    other.bind(("127.0.0.1", 0))
                 chosen.add(other.getsockname()[1])
         assert not chosen & set(ports)
         service = service.restart()
