@@ -89,6 +89,11 @@ class LossConfig(BaseModel):
     """Nats per token. When set, the bonus acts only on the samples whose mean token entropy is below
     it: it keeps a policy from collapsing onto fixed answers without pushing up the entropy of one
     that is still exploring (where it competes with the reward for the step)."""
+    entropy_floor_per: Literal["sample", "token"] = "sample"
+    """What `entropy_floor` is compared with: a sample's mean token entropy, or each token's own
+    (the bonus then acts on each token below the floor, whatever the rest of its sample does: a
+    policy that has collapsed at one position, while another, free of consequence, still explores,
+    is pushed where it collapsed)."""
     weighting: TokenWeighting = TokenWeighting.SAMPLE_COUNT
     """How per-token terms are averaged over the optimizer step."""
     max_log_ratio: float = Field(default=10.0, gt=0)

@@ -134,7 +134,9 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
         # weighting: the bonus must not grow with a completion's length, or on long completions
         # it outweighs the reward and drives the policy to uniform.
         per_sample = token_weights(mask, TokenWeighting.SEQUENCE, totals)
-        if config.entropy_floor is not None:
+        if config.entropy_floor is not None and config.entropy_floor_per == "token":
+            per_sample = per_sample * (inputs.entropy.detach() < config.entropy_floor)
+        elif config.entropy_floor is not None:
             # A sample already above the floor gets no push: min(mean entropy, floor) per sample.
             below = masked_sequence_mean(inputs.entropy.detach(), mask) < config.entropy_floor
             per_sample = per_sample * below[:, None]

@@ -258,3 +258,22 @@ def test_entropy_floor_leaves_the_samples_above_it_alone() -> None:
     pushed = entropy.grad.ne(0).any(dim=1).tolist()
     assert pushed == [False, True, False]
     assert entropy.grad[1, :3] == pytest.approx(torch.full((3,), -0.5 / (3 * len(LENGTHS))))
+
+
+def test_a_floor_per_token_pushes_each_token_below_it_whatever_its_sample_s_mean() -> None:
+    """A sample whose mean is above the floor, carried by one exploring token, still gets the push
+    where it has collapsed; tokens above the floor and padding get none."""
+    _, mask, _ = _batch()
+    entropy = torch.tensor(
+        [[3.0, 0.1, 0.1, 2.0, 2.0], [0.2] * 3 + [0.0] * 2, [1.5] + [0.0] * 4], requires_grad=True
+    )
+    zeros = torch.zeros(mask.shape)
+    config = LossConfig(entropy_coef=0.5, entropy_floor=1.0, entropy_floor_per="token")
+
+    policy_loss(LossInputs(zeros, zeros, zeros, mask, entropy=entropy), config, _totals(mask)).loss.backward()
+
+    assert entropy.grad is not None
+    pushed = entropy.grad.ne(0).tolist()
+    assert pushed[0] == [False, True, True, False, False]
+    assert pushed[1] == [True, True, True, False, False] and not any(pushed[2])
+    assert entropy.grad[0, 1] == pytest.approx(-0.5 / (5 * len(LENGTHS)))
