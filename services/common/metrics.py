@@ -89,10 +89,11 @@ class MetricsEndpoint:
     """`GET /metrics` of `registry` on host:port, served by a daemon thread until `stop`."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        family = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM)[0][0]
+        address = host.strip("[]")
+        family = socket.getaddrinfo(address or None, port, type=socket.SOCK_STREAM)[0][0]
         server_class = type("MetricsServer", (_Server,), {"address_family": family})
         self._server: WSGIServer = make_server(
-            host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+            address, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
         )
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
         self._thread.start()

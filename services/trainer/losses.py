@@ -134,12 +134,15 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
         # weighting: the bonus must not grow with a completion's length, or on long completions
         # it outweighs the reward and drives the policy to uniform.
         per_sample = token_weights(mask, TokenWeighting.SEQUENCE, totals)
-        if config.entropy_floor is not None and config.entropy_floor_per == "token":
-            per_sample = per_sample * (inputs.entropy.detach() < config.entropy_floor)
-        elif config.entropy_floor is not None:
-            # A sample already above the floor gets no push: min(mean entropy, floor) per sample.
-            below = masked_sequence_mean(inputs.entropy.detach(), mask) < config.entropy_floor
-            per_sample = per_sample * below[:, None]
+        if config.entropy_floor is not None:
+            # What is above the floor gets no push: min(entropy, floor) per token, or per sample of
+            # its mean token entropy.
+            entropy = inputs.entropy.detach()
+            if config.entropy_floor_per == "token":
+                below = entropy < config.entropy_floor
+            else:
+                below = (masked_sequence_mean(entropy, mask) < config.entropy_floor)[:, None]
+            per_sample = per_sample * below
         loss = loss - config.entropy_coef * torch.where(mask, inputs.entropy * per_sample, 0.0).sum()
     return LossOutput(loss, _stats(loss, log_ratio, clipped, mask, kl, inputs.entropy))
 
