@@ -6,12 +6,19 @@ receivers present when a version is published) gets a process group object built
 `PrefixStore(group_name, TCPStore)`; the trainer hosts the TCPStore and is rank 0. A new membership
 means a new group name and a new rendezvous; the old group is dropped.
 
-Blocking calls (rendezvous, broadcast) run in worker threads; gloo and NCCL release the GIL.
+Blocking calls (rendezvous, broadcast) run in threads of their own (`in_own_thread`); gloo and NCCL
+release the GIL.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +26,40 @@ from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsa
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from pipelinerl.weights.types import Rendezvous
+
+T = TypeVar("T")
+
+
+async def in_own_thread(call: Callable[[], T]) -> T:
+    """`call()`, a rendezvous or a broadcast, in a daemon thread of its own. Such a call waits for
+    every rank, up to the group's timeout (a minute by default) when a peer is gone; in
+    `asyncio.to_thread`'s pool the process would wait for it at exit, past the grace period of a
+    SIGTERM (then killed), where a daemon thread is left behind. Cancelling the await leaves the
+    call running to its own end, as with `to_thread`."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # pyright: ignore[reportArgumentType]  # None only with an error
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = context.run(call)
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            error = exc
+        # RuntimeError: the loop closed while the call waited, and nobody awaits it any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="broadcast", daemon=True).start()
+    return await done
 
 
 def tcp_store(host: str, port: int, is_master: bool, timeout_s: float) -> TCPStore:

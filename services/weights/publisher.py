@@ -39,7 +39,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights import cuda_ipc
-from pipelinerl.weights.broadcast import BroadcastGroup, arrived, tcp_store
+from pipelinerl.weights.broadcast import BroadcastGroup, arrived, in_own_thread, tcp_store
 from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
@@ -247,7 +247,7 @@ class WeightPublisher:
         version = packed.version.version
         self._held_until[version] = math.inf
         try:
-            await asyncio.to_thread(self._broadcast, packed, self._rendezvous(name, 0))
+            await in_own_thread(lambda: self._broadcast(packed, self._rendezvous(name, 0)))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
             self.stats.failed_broadcasts += 1
             self._group, self._fetch_only_next = None, True

@@ -28,7 +28,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights import cuda_ipc
-from pipelinerl.weights.broadcast import BroadcastGroup, join
+from pipelinerl.weights.broadcast import BroadcastGroup, in_own_thread, join
 from pipelinerl.weights.types import Rendezvous, WatchRequest, WeightChunk, WeightLayout, WeightNotice, crc32
 
 log = get_logger(__name__)
@@ -222,7 +222,7 @@ class WeightReceiver:
     ) -> list[int]:
         """Receive every bucket by broadcast; returns the indices that must still be fetched."""
         try:
-            await asyncio.to_thread(self._broadcast, rendezvous, buckets)
+            await in_own_thread(lambda: self._broadcast(rendezvous, buckets))
         except Exception as exc:
             self._group = None
             self.stats.last_error = f"broadcast: {exc}"

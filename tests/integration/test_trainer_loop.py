@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
@@ -219,6 +221,39 @@ async def test_trainer_killed_after_a_checkpoint_resumes_its_version_and_trains_
                 "d-0": Disposition.TRAINED, "d-1": Disposition.TRAINED,
             }  # fmt: skip
             assert (await client.status()).version.version == 2
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_trainer_stopped_while_a_broadcast_waits_for_a_receiver_exits_within_its_drain(
+    tmp_path: Path,
+) -> None:
+    """A receiver that watches as a broadcast member but never joins (its process wedged or gone)
+    holds v1's broadcast until the group's timeout; SIGTERM must not wait for that timeout, or a
+    Kubernetes grace period ends in SIGKILL."""
+    port = free_port()
+    config = tmp_path / "trainer.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "run_id": "stop", "samples_per_step": 4, "drain_seconds": 1,
+        "learner": {"lr": 1e-3}, "broadcast_timeout_s": 120,
+    }))  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    proc = await start_trainer([sys.executable, "-m", "pipelinerl.trainer", "--config", str(config)], address)
+    try:
+        async with TrainerClient(address) as client:
+            notices = client.watch_weights(WatchRequest("ghost", -1, True, "")).__aiter__()
+            assert (await anext(notices)).version.version == 0
+            acks = [a async for a in client.submit(batches(group("a", 0, [0, 1]), group("b", 0, [0, 1])))]
+            assert set(final(acks).values()) == {Disposition.TRAINED}
+            v1 = await asyncio.wait_for(anext(notices), 30)
+            assert v1.version.version == 1 and v1.broadcast is not None  # the ghost is a member
+            await asyncio.sleep(1.0)  # the broadcast is waiting at its rendezvous
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 60)
+        assert code == 0
+        assert time.monotonic() - stopped < 10, "the exit waited for the broadcast's timeout"
     finally:
         proc.kill()
         proc.wait()
