@@ -102,16 +102,20 @@ async def test_calculator_is_solved_with_its_tool() -> None:
         assert set("".join(texts(opening, [called, answered]))) <= set(CHARACTERS)
 
 
-async def test_calculator_sums_have_the_numbers_digits_and_no_first_digit_most_of_the_time() -> None:
-    """No first digit pays without the tool's result: none starts more than a quarter of the sums."""
-    episodes = table("calculator", digits=2)
-    firsts = []
-    for seed in range(200):  # within the table's 256 episodes
+@pytest.mark.parametrize("digits", [1, 2])
+async def test_calculator_sums_have_the_numbers_digits_and_no_answer_pays_without_the_tool(digits: int) -> None:
+    """The sums are uniform: no sum (one digit) or first digit (two) is much more common than the
+    others, so that none pays without the tool's result."""
+    episodes = table("calculator", digits=digits)
+    answers = []
+    for seed in range(240):  # within the table's 256 episodes
         opening = await episodes.start(f"f{seed}", seed, "")
-        total = str(sum(int(n) for n in opening.messages[0].content.split("+")))
-        assert len(total) == 2
-        firsts.append(total[0])
-    assert max(firsts.count(d) for d in set(firsts)) < 0.25 * len(firsts)
+        a, b = (int(n) for n in opening.messages[0].content.split("+"))
+        assert len(str(a)) == len(str(b)) == len(str(a + b)) == digits
+        answers.append(str(a + b)[0])
+    kinds = set(answers)
+    assert len(kinds) == (7 if digits == 1 else 8)  # 2 to 8; 2 to 9
+    assert max(answers.count(d) for d in kinds) < 1.6 * len(answers) / len(kinds)
 
 
 async def test_calculator_answers_bad_calls_in_band_and_scores_a_wrong_answer_zero() -> None:

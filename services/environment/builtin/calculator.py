@@ -6,7 +6,10 @@
 The numbers are drawn from the episode's seed, `digits` long, too long to add in one's head for a
 small model: the answer comes from the tool. Each is below half of 10**digits, so that the sum has
 as many digits and starts with 2 to 9: with any two numbers 60 % of the sums would start with 1,
-a first digit that pays without reading the tool's result. `add` adds its arguments `a` and `b`,
+a first digit that pays without reading the tool's result. The sum is drawn first, uniformly, then
+the numbers that make it: with two numbers drawn uniformly the sums are triangular (with `digits`
+1, 5 is a quarter of them and 2 or 8 a sixteenth), and a policy that writes the most common sum
+whatever the tool said is paid for it; it settles there before it learns to read the result. `add` adds its arguments `a` and `b`,
 or, called without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
 tokens of the presets, which a small model learns from random weights within a minute; copying
 six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
@@ -53,7 +56,7 @@ tokenizer writes it in: each tag is one token, so half a tag is no step towards 
 
 class Calculator(Environment):
     name = "calculator"
-    version = "4"
+    version = "5"
     description = "add two numbers with the add tool, then answer"
     tools = (ADD,)
     max_turns = 4
@@ -69,8 +72,10 @@ class Calculator(Environment):
 
     async def reset(self, seed: int, task: str) -> Opening:
         rng = random.Random(seed)
-        low = 10 ** (self.digits - 1)
-        self.a, self.b = rng.randint(low, 5 * low - 1), rng.randint(low, 5 * low - 1)
+        low, high = 10 ** (self.digits - 1), 5 * 10 ** (self.digits - 1) - 1
+        total = rng.randint(2 * low, 2 * high)
+        self.a = rng.randint(max(low, total - high), min(high, total - low))
+        self.b = total - self.a
         return Opening([Message.user(f"{self.a}+{self.b}")])
 
     async def step(self, action: Message) -> Step:
