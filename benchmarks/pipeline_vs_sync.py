@@ -19,8 +19,6 @@ mode with rounds of K × samples-per-step, each generated with one version and t
 steps, so its later steps train on samples up to K - 1 versions old (same cores, seed and budget).
 `--max-in-flight` sets the pipeline run's window (`pipelinerl run`'s default, two steps, unless
 given): fewer attempts in flight make its samples younger and leave its trainer waiting longer.
-`--share-trainer-core` gives the pipeline run a second inference server on the trainer's core,
-niced, to generate while the trainer waits (`pipelinerl run --share-trainer-core`).
 
 `--environment NAME` compares the runs on a multi-turn task instead of `--dataset`: every attempt is
 an episode of that environment (`pipelinerl run --environment`), with `--environment-args` for its
@@ -176,11 +174,7 @@ def run_settings(name: RunName, args: argparse.Namespace) -> RunSettings:
         eval=[],  # held-out evaluation costs both modes alike; benchmarks/eval_cost.py measures it
         **environment,
         # sync mode has no window of its own: a round is what it generates at once
-        **(
-            {"max_in_flight": args.max_in_flight, "share_trainer_core": args.share_trainer_core}
-            if pipeline
-            else {}
-        ),
+        **({"max_in_flight": args.max_in_flight} if pipeline else {}),
     )
 
 
@@ -457,11 +451,6 @@ def main() -> int:
         default=RunSettings.model_fields["max_in_flight"].default,
         help="the pipeline run's attempts in flight (how far generation runs ahead of training)",
     )
-    parser.add_argument(
-        "--share-trainer-core",
-        action="store_true",
-        help="the pipeline run adds a niced inference server on the trainer's core",
-    )
     parser.add_argument("--environment", default=None, help="a multi-turn task instead of --dataset")
     parser.add_argument("--environment-args", type=json.loads, default={}, help="JSON: the class's arguments")
     parser.add_argument(
@@ -509,7 +498,6 @@ def main() -> int:
         "samples": args.samples,
         "lr": args.lr,
         "max_in_flight": args.max_in_flight,
-        "share_trainer_core": args.share_trainer_core,
         "dataset": args.dataset if args.environment is None else "",
         "environment": args.environment,
         "step_latency_s": list(args.step_latency) if args.step_latency else None,

@@ -180,10 +180,6 @@ class RunSettings(LayeredSettings):
     shows of it besides the journal's record): about 0.9 KB per trained sample."""
     pin_cores: bool = True
     """Pipeline mode on CPU: pin inference and trainer to separate cores (when there are enough)."""
-    share_trainer_core: bool = False
-    """Pipeline mode on CPU with pinned cores: one more inference server on the trainer's core,
-    niced (as the evaluation servers are), so that it generates on the CPU time the trainer leaves
-    idle while it waits for a step's samples; its window is a quarter of the others'."""
     auth_token: str | None = None
     """Bearer token every service then requires (health checks excepted) and every client sends."""
     tls_cert_file: FilePath | None = None

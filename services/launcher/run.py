@@ -44,15 +44,10 @@ from pipelinerl.trainer.tracking import StepLogs
 log = get_logger(__name__)
 
 HEALTH_TIMEOUT_S = 180.0
-IDLE_NICE = 10
-"""How much lower the scheduling priority is on CPU of the servers meant to run on idle time (the
-evaluation servers, and the inference server on the trainer's core with `share_trainer_core`): a
-nice-10 thread gets about a tenth of a core that a nice-0 thread also wants."""
-SHARED_CORE_WINDOW = 0.25
-"""The window of the inference server on the trainer's core (`share_trainer_core`), as a share of
-the others': it generates in the time the trainer waits for samples, a quarter to a third of a step,
-and with a window as large as theirs it held attempts it was slow to finish (their groups waited)
-while the server on a core of its own ran out of work (idle 31 % of a `builtin:repeat` run)."""
+EVAL_NICE = 10
+"""How much lower the evaluation servers' scheduling priority is on CPU: they then run mostly on the
+CPU time the training services leave idle (a nice-10 thread gets about a tenth of a core that a
+nice-0 thread also wants)."""
 RESUME_EVERY_S = 0.5
 
 Route = Callable[[str, Callable[[], str | None]], str]
@@ -95,17 +90,14 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _placement(settings: RunSettings) -> tuple[int, list[tuple[set[int] | None, int]], set[int] | None]:
-    """(threads per process, (cores, nice) of each training inference server, cores of the trainer)."""
+def _placement(settings: RunSettings) -> tuple[int, list[set[int] | None], set[int] | None]:
+    """(threads per process, cores of each inference server, cores of the trainer)."""
     cores = sorted(os.sched_getaffinity(0))
     n = settings.inference_servers
     if settings.mode == "sync" or not settings.pin_cores or len(cores) < 2:
-        threads = len(cores) if settings.mode == "sync" else max(len(cores) // (n + 1), 1)
-        return threads, [(None, 0)] * n, None
+        return (len(cores) if settings.mode == "sync" else max(len(cores) // (n + 1), 1)), [None] * n, None
     trainer = {cores[-1]}
-    inference: list[tuple[set[int] | None, int]] = [({cores[i % (len(cores) - 1)]}, 0) for i in range(n)]
-    if settings.share_trainer_core:
-        inference.append((trainer, IDLE_NICE))
+    inference: list[set[int] | None] = [{cores[i % (len(cores) - 1)]} for i in range(n)]
     return 1, inference, trainer
 
 
@@ -224,7 +216,7 @@ async def start_services(
     addresses as it returns them; the launcher's own calls and health checks use the real ones."""
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    threads, placements, trainer_cores = _placement(settings)
+    threads, inference_cores, trainer_cores = _placement(settings)
     configs = _service_settings(settings, run_dir, threads)
     ca = settings.client_ca_file
     n = settings.reward_servers
@@ -265,8 +257,8 @@ async def start_services(
     coordinator_address = _given(route, "coordinator", processes)
     inference: list[ServiceProcess] = []
     python = str(settings.vllm_python) if settings.engine == "vllm" else sys.executable
-    servers = [(f"inference-{i}", "training", cores, nice) for i, (cores, nice) in enumerate(placements)]
-    nice = IDLE_NICE if settings.device == "cpu" else 0
+    servers = [(f"inference-{i}", "training", cores, 0) for i, cores in enumerate(inference_cores)]
+    nice = EVAL_NICE if settings.device == "cpu" else 0
     servers += [(f"evaluation-{i}", "evaluation", None, nice) for i in range(settings.evaluation_servers)]
     for name, role, cores, nice in servers:
         server = {
@@ -276,8 +268,6 @@ async def start_services(
             "coordinator_address": coordinator_address,
             **_advertised(route, name, processes),
         }
-        if role == "training" and cores is not None and cores == trainer_cores:
-            server["max_running"] = math.ceil(configs["inference"]["max_running"] * SHARED_CORE_WINDOW)
         config = merge(configs["inference"], server)
         inference.append(
             start_service(name, "pipelinerl.inference", config, run_dir, cores, python, nice=nice)

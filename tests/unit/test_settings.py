@@ -3,7 +3,6 @@ each service's section against that service's settings, and name a wrong one by 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from pipelinerl.common.errors import FieldViolation, InvalidArgument
 from pipelinerl.common.settings import split_config_flag
 from pipelinerl.launcher.checks import check_run, load_settings, setting_name, user_error
 from pipelinerl.launcher.config import RunSettings
-from pipelinerl.launcher.run import IDLE_NICE, _placement, _service_settings
+from pipelinerl.launcher.run import _service_settings
 from pipelinerl.reward.config import RewardSettings
 
 
@@ -110,17 +109,6 @@ def test_each_server_window_holds_its_share_of_the_attempts_in_flight(tmp_path: 
     assert window(mode="sync", samples_per_step=128, round_steps=4) == 512  # a round is one batch
     overridden = RunSettings(run_dir=tmp_path, inference={"max_running": 32})
     assert _service_settings(overridden, tmp_path, threads=1)["inference"]["max_running"] == 32
-
-
-def test_a_server_on_the_trainer_s_core_is_niced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    shared = RunSettings(run_dir=tmp_path, share_trainer_core=True)
-    assert _placement(shared) == (1, [({0}, 0), ({1}, IDLE_NICE)], {1})
-    assert _placement(RunSettings(run_dir=tmp_path)) == (1, [({0}, 0)], {1})
-    # unpinned (sync mode, or one core), there is no trainer's core to share: the flag adds nothing
-    for unpinned in (RunSettings(run_dir=tmp_path, share_trainer_core=True, mode="sync"),
-                     RunSettings(run_dir=tmp_path, share_trainer_core=True, pin_cores=False)):  # fmt: skip
-        assert len(_placement(unpinned)[1]) == 1
 
 
 def test_what_settings_point_to_is_checked_before_a_run_starts(tmp_path: Path) -> None:
