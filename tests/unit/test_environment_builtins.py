@@ -103,7 +103,7 @@ async def test_calculator_is_solved_with_its_tool() -> None:
 
 
 @pytest.mark.parametrize("digits", [1, 2])
-async def test_calculator_sums_have_the_numbers_digits_and_no_answer_pays_without_the_tool(digits: int) -> None:
+async def test_calculator_sums_have_the_numbers_digits_and_are_uniform(digits: int) -> None:
     """The sums are uniform: no sum (one digit) or first digit (two) is much more common than the
     others, so that none pays without the tool's result."""
     episodes = table("calculator", digits=digits)

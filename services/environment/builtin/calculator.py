@@ -9,10 +9,11 @@ as many digits and starts with 2 to 9: with any two numbers 60 % of the sums wou
 a first digit that pays without reading the tool's result. The sum is drawn first, uniformly, then
 the numbers that make it: with two numbers drawn uniformly the sums are triangular (with `digits`
 1, 5 is a quarter of them and 2 or 8 a sixteenth), and a policy that writes the most common sum
-whatever the tool said is paid for it; it settles there before it learns to read the result. `add` adds its arguments `a` and `b`,
-or, called without arguments, the question's two numbers (the shortest call, `<call>add</call>`, five
-tokens of the presets, which a small model learns from random weights within a minute; copying
-six digits into JSON is the harder variant, the same tool). A turn with tool calls is answered
+whatever the tool said is paid for it; it settles there before it learns to read the result.
+`add` adds its arguments `a` and `b`, or, called without arguments, the question's two numbers
+(the shortest call, `<call>add</call>`, five tokens of the presets, which a small model can learn
+from random weights within a minute; copying six digits into JSON is the harder variant, the same
+tool). A turn with tool calls is answered
 by one tool message per call (a call of an unknown tool, or with arguments that are not two
 integers `a` and `b`, is answered `bad call`); the first turn without a tool call is the answer,
 scored `correct` 1 or 0, and ends the episode. An answer is right only once a call has returned the
