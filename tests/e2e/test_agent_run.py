@@ -21,6 +21,7 @@ from pipelinerl.coordinator.types import RunInfo
 from pipelinerl.launcher.config import RunSettings
 from pipelinerl.launcher.run import launch
 from tests.data.flaky_agent import CRASHED_PROMPT
+from tests.e2e.evidence import forks
 from tests.e2e.test_environment_run import start_typescript_server
 from tests.e2e.test_failover import assert_nothing_failed
 
@@ -49,10 +50,15 @@ def _settings(run_dir: Path, agent: str, **overrides: object) -> RunSettings:
 
 
 def _trained(run_dir: Path) -> list[tuple[str, dict]]:
-    """(decoded prompt, stored completion) of every trained sample, its segments checked."""
+    """(decoded prompt, stored completion) of every trained sample an episode began with, its
+    segments checked. A fork's sample (the episode went on from a full render of its history, which
+    a call after a turn cut by the token limit needs) begins with that history instead."""
     journal = sqlite3.connect(run_dir / "journal.sqlite")
-    rows = journal.execute("SELECT prompt_token_ids, completion FROM attempts WHERE disposition = 'trained'")
-    trained = [(json.loads(p), json.loads(c)) for p, c in rows.fetchall()]
+    rows = journal.execute(
+        "SELECT sample_id, prompt_token_ids, completion FROM attempts WHERE disposition = 'trained'"
+    )
+    added = forks(run_dir)
+    trained = [(json.loads(p), json.loads(c)) for i, p, c in rows.fetchall() if i not in added]
     journal.close()
     tokenizer = build_tokenizer()
     out = []
