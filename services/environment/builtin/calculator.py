@@ -13,12 +13,12 @@ whatever the tool said is paid for it; it settles there before it learns to read
 `add` adds its arguments `a` and `b`, or, called without arguments, the question's two numbers
 (the shortest call, `<call>add</call>`, five tokens of the presets, which a small model can learn
 from random weights within a minute; copying six digits into JSON is the harder variant, the same
-tool). A turn with tool calls is answered
-by one tool message per call (a call of an unknown tool, or with arguments that are not two
-integers `a` and `b`, is answered `bad call`); the first turn without a tool call is the answer,
-scored `correct` 1 or 0, and ends the episode. An answer is right only once a call has returned the
-sum: the task is to use the tool's result, and with `digits` 1 (sums 2 to 8, the first step of a
-curriculum) a model could otherwise learn the sums by heart.
+tool). A turn with tool calls is answered by one tool message per call (a call of an unknown tool,
+or with arguments that are not two integers `a` and `b`, is answered `bad call`); the first turn
+without a tool call is the answer, scored `correct` 1 or 0, and ends the episode. An answer is
+right only once a call has returned the sum: the task is to use the tool's result, and with
+`digits` 1 (sums 2 to 8, the first step of a curriculum) a model could otherwise learn the sums by
+heart.
 
 A wrong answer earns the shaping component `progress`, `shaping` times how far the episode got
 (below 1, so that a right answer, reward exactly 1, always earns more): up to a half for the
@@ -73,7 +73,8 @@ class Calculator(Environment):
 
     async def reset(self, seed: int, task: str) -> Opening:
         rng = random.Random(seed)
-        low, high = 10 ** (self.digits - 1), 5 * 10 ** (self.digits - 1) - 1
+        low = 10 ** (self.digits - 1)
+        high = 5 * low - 1
         total = rng.randint(2 * low, 2 * high)
         self.a = rng.randint(max(low, total - high), min(high, total - low))
         self.b = total - self.a
