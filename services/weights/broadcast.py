@@ -6,6 +6,13 @@ receivers present when a version is published) gets a process group object built
 `PrefixStore(group_name, TCPStore)`; the trainer hosts the TCPStore and is rank 0. A new membership
 means a new group name and a new rendezvous; the old group is dropped.
 
+A rendezvous has two steps. Each receiver marks its arrival in the store and waits for the
+trainer's word; the trainer (`gather`) waits until every member has arrived, then says go, and only
+then does each rank build the process group. A member that will never arrive (its process died
+before its watch stream's end was seen, or it cannot reach the store) makes the trainer abandon the
+group as soon as its stream ends, or at the timeout: the others hear so at once and fetch, where a
+process group's own rendezvous would have held every one of them until the timeout.
+
 Blocking calls (rendezvous, broadcast) run in threads of their own (`in_own_thread`); gloo and NCCL
 release the GIL.
 """
@@ -16,7 +23,8 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
@@ -28,6 +36,9 @@ from torch.distributed.distributed_c10d import PrefixStore, Store
 from pipelinerl.weights.types import Rendezvous
 
 T = TypeVar("T")
+
+GATHER_POLL_S = 0.005
+"""How often the trainer looks for arrivals while a new group gathers."""
 
 
 async def in_own_thread(call: Callable[[], T]) -> T:
@@ -80,7 +91,9 @@ class BroadcastGroup:
         timeout = timedelta(milliseconds=rendezvous.timeout_ms)
         prefixed = PrefixStore(self.name, store)
         prefixed.set(_arrival_key(self.rank), "1")  # so that a failed rendezvous can tell who never came
-        # The constructor is itself the rendezvous: it returns once every rank has joined.
+        if self.rank > 0 and prefixed.get(_GO_KEY) != _GO:  # the trainer's word (`gather`)
+            raise RendezvousAbandoned(f"group {self.name} was abandoned: a member never arrived")
+        # Every rank has arrived: the constructor's own rendezvous returns at once.
         if self.backend == "gloo":
             self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
         elif self.backend == "nccl":
@@ -108,6 +121,30 @@ class BroadcastGroup:
             torch.cuda.current_stream().synchronize()
 
 
+class RendezvousAbandoned(RuntimeError):
+    """The trainer gave up on a group before it was built: a member never arrived."""
+
+
+async def gather(
+    store: Store, group_name: str, members: Sequence[str], watching: Callable[[str], bool], timeout_s: float
+) -> None:
+    """The trainer's step of a new group's rendezvous: wait until every member (ranks 1…, in
+    order) has arrived, then tell them to go on. If a member's watch stream ends first
+    (`watching(member)` false), or `timeout_s` passes, tell them the group is abandoned and raise
+    RendezvousAbandoned."""
+    prefixed = PrefixStore(group_name, store)
+    keys = [_arrival_key(rank) for rank in range(1, len(members) + 1)]
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(prefixed.check, keys):
+        gone = [member for member in members if not watching(member)]
+        if gone or time.monotonic() > deadline:
+            prefixed.set(_GO_KEY, _ABANDONED)
+            why = f"{', '.join(gone)} stopped watching" if gone else f"not every member came in {timeout_s:g}s"
+            raise RendezvousAbandoned(f"group {group_name} abandoned before it was built: {why}")
+        await asyncio.sleep(GATHER_POLL_S)
+    prefixed.set(_GO_KEY, _GO)
+
+
 def arrived(store: Store, group_name: str, rank: int) -> bool:
     """Whether `rank` reached the rendezvous of `group_name` (whatever became of it after)."""
     return PrefixStore(group_name, store).check([_arrival_key(rank)])
@@ -115,6 +152,10 @@ def arrived(store: Store, group_name: str, rank: int) -> bool:
 
 def _arrival_key(rank: int) -> str:
     return f"pipelinerl/arrived/{rank}"
+
+
+_GO_KEY = "pipelinerl/go"
+_GO, _ABANDONED = b"1", b"0"
 
 
 def join(rendezvous: Rendezvous) -> BroadcastGroup:

@@ -15,11 +15,12 @@ receivers that missed it fetch instead, so a failure costs time, never correctne
 stays held for `broadcast_timeout_s` after the failure, however many versions were published
 meanwhile, so that those fetches find it. The version after a failure goes out fetch-only, and the
 one after that forms a new group: a member that died is usually what failed it, and its watch
-stream may close a moment later than its socket, so a group formed at once would wait for it
-until the timeout while every live receiver stays on old weights. A member that never arrived at
-the failed group's rendezvous (it is still watching, but cannot or will not join) is dropped from
-broadcast for the rest of its stream: it gets fetch-only notices, and a reconnect makes it a
-candidate again.
+stream may close a moment later than its socket. A new group is built only once every member has
+arrived at its rendezvous (`broadcast.gather`), and is abandoned as soon as a member's stream ends
+first, so a member that died between two versions costs the others one fetch, not the timeout. A
+member that never arrived at the failed group's rendezvous (it is still watching, but cannot or
+will not join) is dropped from broadcast for the rest of its stream: it gets fetch-only notices,
+and a reconnect makes it a candidate again.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pipelinerl.common.log import get_logger
 from pipelinerl.common.types import WeightVersion
 from pipelinerl.weights import buckets as bucketing
 from pipelinerl.weights import cuda_ipc
-from pipelinerl.weights.broadcast import BroadcastGroup, arrived, in_own_thread, tcp_store
+from pipelinerl.weights.broadcast import BroadcastGroup, arrived, gather, in_own_thread, tcp_store
 from pipelinerl.weights.settings import PublisherSettings
 from pipelinerl.weights.types import (
     MAX_CHUNK_BYTES,
@@ -92,6 +93,12 @@ class _Watcher:
     serial: int
     cuda_device_uuid: str = ""
     queue: asyncio.Queue[WeightNotice] = field(default_factory=asyncio.Queue)
+
+    @property
+    def key(self) -> str:
+        """A receiver that reconnected is a new member even under the same id (its old process
+        group is gone), so membership is keyed by each stream's registration number too."""
+        return f"{self.receiver_id}#{self.serial}"
 
 
 class WeightPublisher:
@@ -224,12 +231,8 @@ class WeightPublisher:
             await self._announce(packed)
 
     async def _announce(self, packed: _Packed) -> None:
-        # A receiver that reconnected is a new member even under the same id: its old process group
-        # is gone, so the membership key includes each stream's registration number.
         members = sorted(
-            f"{w.receiver_id}#{w.serial}"
-            for w in self._watchers.values()
-            if w.accepts_broadcast and not self._on_device(packed, w)
+            w.key for w in self._watchers.values() if w.accepts_broadcast and not self._on_device(packed, w)
         )
         if self._store is None or not members or self._fetch_only_next:
             self._fetch_only_next = False
@@ -241,12 +244,15 @@ class WeightPublisher:
         name = f"{self.run_id}-{self._token}-m{self._epoch}"
         for watcher in list(self._watchers.values()):
             rendezvous = None
-            if (key := f"{watcher.receiver_id}#{watcher.serial}") in self._membership:
-                rendezvous = self._rendezvous(name, 1 + self._membership.index(key))
+            if watcher.key in self._membership:
+                rendezvous = self._rendezvous(name, 1 + self._membership.index(watcher.key))
             watcher.queue.put_nowait(self._notice(packed, watcher, rendezvous))
         version = packed.version.version
         self._held_until[version] = math.inf
         try:
+            if self._group is None:  # a new group: wait for its members before building it
+                timeout_s = self.settings.broadcast_timeout_s
+                await gather(self._store, name, self._membership, self._watching, timeout_s)
             await in_own_thread(lambda: self._broadcast(packed, self._rendezvous(name, 0)))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
             self.stats.failed_broadcasts += 1
@@ -273,10 +279,15 @@ class WeightPublisher:
             return
         absent = {key for key, here in zip(members, present, strict=True) if not here}
         for watcher in self._watchers.values():
-            if f"{watcher.receiver_id}#{watcher.serial}" in absent:
+            if watcher.key in absent:
                 watcher.accepts_broadcast = False
                 log.warning("receiver dropped from broadcast: it never joined; it will fetch",
                             receiver=watcher.receiver_id)  # fmt: skip
+
+    def _watching(self, key: str) -> bool:
+        """Whether the member `key`'s watch stream is still open."""
+        watcher = self._watchers.get(key.rpartition("#")[0])
+        return watcher is not None and watcher.key == key
 
     def _drop_old_versions(self) -> None:
         """Keep the newest `keep_versions`, and any version `_held_until` says is still needed."""

@@ -289,6 +289,52 @@ async def test_member_that_never_joins_fails_one_broadcast_then_is_dropped(tmp_p
         assert [n.version.version for n in ghost_notices if n.broadcast is not None] == [1]
 
 
+async def test_member_whose_stream_ends_before_it_joins_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    """A member that died between two versions, its stream's end seen only after the next group
+    was formed with it: the group is abandoned when the stream ends, not at the timeout."""
+    timeout_s = 30.0
+    async with server_process("standin_trainer.py", tmp_path, *trainer_args(timeout_s, big_mib=0)) as (
+        _,
+        port,
+    ):
+        trainer = Trainer(tmp_path, port)
+        applied = Applied()
+        rendezvous = asyncio.Event()
+
+        async def ghost(client: TrainerClient) -> None:
+            """Watches as a broadcast member; never joins the group its first notice names."""
+            async for notice in client.watch_weights(WatchRequest("ghost", -1, True, "")):
+                if notice.broadcast is not None:
+                    rendezvous.set()
+
+        async with (
+            receiving(port, "survivor", applied) as survivor,
+            TrainerClient(f"127.0.0.1:{port}") as client,
+        ):
+            ghost_task = asyncio.create_task(ghost(client))
+            try:
+                await trainer.watchers(2)
+                v1 = await trainer.publish(1)
+                await asyncio.wait_for(rendezvous.wait(), WAIT_S)
+                await asyncio.sleep(1.0)  # the survivor waits at the rendezvous
+                assert 1 not in applied.versions
+                ghost_task.cancel()  # its stream ends
+                await asyncio.gather(ghost_task, return_exceptions=True)
+                failed = await trainer.broadcasts_ended(0, 1, timeout_s=10)
+                assert failed["time"] - v1["time"] < 10, "the group waited for a member that was gone"
+                await until(lambda: 1 in applied.versions, "v1 at the survivor", timeout_s=10)
+                await trainer.watchers(1)
+                await trainer.publish(2)  # fetch-only: the version after a failure
+                await trainer.publish(3)  # a group of the survivor alone
+                await until(lambda: 3 in applied.versions, "v3 at the survivor", timeout_s=10)
+                await trainer.broadcasts_ended(1, 1, timeout_s=10)
+            finally:
+                ghost_task.cancel()
+                await asyncio.gather(ghost_task, return_exceptions=True)
+        assert applied.mismatches == [] and {1, 2, 3} <= set(applied.versions)
+        assert survivor.stats.fetch_fallbacks == 1 and survivor.stats.broadcasts == 1
+
+
 async def test_joiner_does_not_hold_up_a_broadcast_in_progress(tmp_path: Path) -> None:
     timeout_s = 30.0
     held_s = 3.0
