@@ -91,7 +91,7 @@ class BroadcastGroup:
         timeout = timedelta(milliseconds=rendezvous.timeout_ms)
         prefixed = PrefixStore(self.name, store)
         prefixed.set(_arrival_key(self.rank), "1")  # so that a failed rendezvous can tell who never came
-        if self.rank > 0 and prefixed.get(_GO_KEY) != _GO:  # the trainer's word (`gather`)
+        if self.rank > 0 and prefixed.get(_GO_KEY) != _GO.encode():  # the trainer's word (`gather`)
             raise RendezvousAbandoned(f"group {self.name} was abandoned: a member never arrived")
         # Every rank has arrived: the constructor's own rendezvous returns at once.
         if self.backend == "gloo":
@@ -155,7 +155,7 @@ def _arrival_key(rank: int) -> str:
 
 
 _GO_KEY = "pipelinerl/go"
-_GO, _ABANDONED = b"1", b"0"
+_GO, _ABANDONED = "1", "0"
 
 
 def join(rendezvous: Rendezvous) -> BroadcastGroup:
