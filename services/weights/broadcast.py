@@ -139,7 +139,7 @@ async def gather(
         gone = [member for member in members if not watching(member)]
         if gone or time.monotonic() > deadline:
             prefixed.set(_GO_KEY, _ABANDONED)
-            why = f"{', '.join(gone)} stopped watching" if gone else f"not every member came in {timeout_s:g}s"
+            why = f"{', '.join(gone)} stopped watching" if gone else f"a member not there in {timeout_s:g}s"
             raise RendezvousAbandoned(f"group {group_name} abandoned before it was built: {why}")
         await asyncio.sleep(GATHER_POLL_S)
     prefixed.set(_GO_KEY, _GO)
