@@ -68,6 +68,9 @@ async def in_own_thread(call: Callable[[], T]) -> T:
         # RuntimeError: the loop closed while the call waited, and nobody awaits it any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, result, error)
+        # The error's traceback holds this frame: without this, the two would keep each other (and
+        # what the failed call held) alive until the garbage collector came by.
+        result = error = None
 
     threading.Thread(target=run, name="broadcast", daemon=True).start()
     return await done
@@ -94,6 +97,7 @@ class BroadcastGroup:
         if self.rank > 0 and prefixed.get(_GO_KEY) != _GO.encode():  # the trainer's word (`gather`)
             raise RendezvousAbandoned(f"group {self.name} was abandoned: a member never arrived")
         # Every rank has arrived: the constructor's own rendezvous returns at once.
+        self._group: dist.ProcessGroupGloo | dist.ProcessGroupNCCL | None
         if self.backend == "gloo":
             self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
         elif self.backend == "nccl":
@@ -102,6 +106,14 @@ class BroadcastGroup:
             self._group = dist.ProcessGroupNCCL(prefixed, self.rank, self.world_size, options)
         else:
             raise ValueError(f"unknown broadcast backend {self.backend!r}; use gloo or nccl")
+
+    def close(self) -> None:
+        """Let go of the process group now. Its connections close once nothing holds it, so a peer
+        still waiting on this rank (in a broadcast this rank gave up, or a group this rank left)
+        fails at once instead of at its timeout: the traceback of a failed broadcast holds this
+        object, and would keep the group open until the garbage collector came by, or as long as
+        the exception is kept. (`abort` and `shutdown` of a gloo group leave its sockets open.)"""
+        self._group = None
 
     @property
     def device(self) -> torch.device:
@@ -113,6 +125,8 @@ class BroadcastGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Send (rank 0) or receive (other ranks) `tensor` in place; raises on timeout or a lost peer."""
+        if self._group is None:
+            raise RuntimeError(f"group {self.name} is closed")
         options = dist.BroadcastOptions()
         options.rootRank = 0
         options.rootTensor = 0

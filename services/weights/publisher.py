@@ -160,7 +160,7 @@ class WeightPublisher:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        self._group = None
+        self._leave_group()
 
     async def publish(
         self, version: int, tensors: Mapping[str, torch.Tensor] | bucketing.TensorSource
@@ -240,7 +240,8 @@ class WeightPublisher:
                 watcher.queue.put_nowait(self._notice(packed, watcher))
             return
         if tuple(members) != self._membership or self._group is None:
-            self._group, self._membership, self._epoch = None, tuple(members), self._epoch + 1
+            self._leave_group()
+            self._membership, self._epoch = tuple(members), self._epoch + 1
         name = f"{self.run_id}-{self._token}-m{self._epoch}"
         for watcher in list(self._watchers.values()):
             rendezvous = None
@@ -256,13 +257,19 @@ class WeightPublisher:
             await in_own_thread(lambda: self._broadcast(packed, self._rendezvous(name, 0)))
         except Exception as exc:  # a lost receiver or a timeout: next version forms a new group
             self.stats.failed_broadcasts += 1
-            self._group, self._fetch_only_next = None, True
+            self._leave_group()  # at once: a member may still wait on the trainer's connections
+            self._fetch_only_next = True
             self._held_until[version] = time.monotonic() + self.settings.broadcast_timeout_s
             log.warning("broadcast failed; receivers will fetch", version=version, error=str(exc))
             await self._drop_absent_members(name)
         else:
             del self._held_until[version]
         self._drop_old_versions()
+
+    def _leave_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
     async def _drop_absent_members(self, group_name: str) -> None:
         """Take the members that never arrived at `group_name`'s rendezvous out of broadcast: one

@@ -224,7 +224,7 @@ class WeightReceiver:
         try:
             await in_own_thread(lambda: self._broadcast(rendezvous, buckets))
         except Exception as exc:
-            self._group = None
+            self._leave_group()  # at once: the trainer or a peer may still wait on its connections
             self.stats.last_error = f"broadcast: {exc}"
             log.warning("broadcast failed; fetching instead", error=str(exc))
             return list(range(len(buckets)))
@@ -241,7 +241,7 @@ class WeightReceiver:
 
     def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor]) -> None:
         if self._group is None or self._group.name != rendezvous.group_name:
-            self._group = None
+            self._leave_group()
             self._group = join(rendezvous)
         device = self._group.device
         for bucket in buckets:
@@ -249,6 +249,11 @@ class WeightReceiver:
             self._group.broadcast(staged)
             if staged is not bucket:
                 bucket.copy_(staged)
+
+    def _leave_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
     async def _fetch(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor], wanted: list[int]

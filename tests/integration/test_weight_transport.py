@@ -36,6 +36,8 @@ class Applied:
         self.big_mib = big_mib
         self.versions: list[int] = []
         self.mismatches: list[int] = []
+        self.at: dict[int, float] = {}
+        """When each version was applied (wall clock, as the trainer's events)."""
 
     async def __call__(
         self, version: WeightVersion, layout: WeightLayout, buckets: list[torch.Tensor]
@@ -47,6 +49,7 @@ class Applied:
         ):
             self.mismatches.append(version.version)
         self.versions.append(version.version)
+        self.at[version.version] = time.time()
 
 
 async def follow(
@@ -234,6 +237,11 @@ async def test_member_killed_mid_broadcast_is_dropped_and_training_goes_on(tmp_p
             failed = await trainer.broadcasts_ended(1, 1, timeout_s=timeout_s + 15)
             assert failed["time"] - v2["time"] < timeout_s + 5, "the broadcast outlived its deadline"
             doomed.wait(timeout=10)
+            # The trainer let go of the failed group at once, so the survivor, still waiting on the
+            # trainer for the rest of v2, learnt of the failure and fetched it, well before its own
+            # receive timed out.
+            await until(lambda: 2 in applied.versions, "v2 at the survivor")
+            assert applied.at[2] - failed["time"] < 2.0, "the survivor waited on a group the trainer had left"
 
             # The survivor has v2 (whichever way it came) and v4 (fetched: the version after a
             # failure goes out fetch-only); v5 forms a group without the dead member.
