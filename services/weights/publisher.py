@@ -293,8 +293,7 @@ class WeightPublisher:
 
     def _watching(self, key: str) -> bool:
         """Whether the member `key`'s watch stream is still open."""
-        watcher = self._watchers.get(key.rpartition("#")[0])
-        return watcher is not None and watcher.key == key
+        return any(watcher.key == key for watcher in self._watchers.values())
 
     def _drop_old_versions(self) -> None:
         """Keep the newest `keep_versions`, and any version `_held_until` says is still needed."""
