@@ -89,7 +89,7 @@ def peak_memory(learner: TorchLearner, batch: list[Sample]) -> dict[str, float]:
     """MiB the largest micro-batch's forward keeps for its backward (each storage once), and on CUDA
     the step's `max_memory_allocated`."""
     advantages = compute_advantages(batch, AdvantageConfig()).advantages
-    plan = learner._plan(batch, advantages)
+    plan = learner._plan(batch, advantages, 0)
     peak = 0
     for micro_batch in plan.micro_batches:
         saved: dict[int, int] = {}

@@ -72,6 +72,9 @@ class MicroBatch:
     advantages: torch.Tensor
     """The sample's advantage, repeated on each of its model tokens."""
     sample_ids: tuple[str, ...]
+    token_lag: torch.Tensor | None = None
+    """At model tokens: versions between the weights that sampled the token and the ones the step
+    trains (0 elsewhere); None when the plan was made without the step's version."""
     packed: PackedLayout | None = None
     """The rows as one unpadded row of tokens, when the step is packed; None runs them padded."""
 
@@ -119,9 +122,11 @@ def plan_step(
     *,
     overhead_tokens: int,
     packed: bool = False,
+    version: int | None = None,
 ) -> StepPlan:
     """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`); with
-    `packed`, of at most `token_budget` real tokens, each with its packed row (`pack_by_tokens`)."""
+    `packed`, of at most `token_budget` real tokens, each with its packed row (`pack_by_tokens`).
+    `version`, the weights the step trains, gives each micro-batch its tokens' lag."""
     if packed:
         _check_budget(samples, token_budget)
         groups = pack_by_tokens(samples, token_budget)
@@ -130,7 +135,8 @@ def plan_step(
     totals = StepTotals(
         samples=len(samples), completion_tokens=sum(sample.model_tokens for sample in samples)
     )
-    return StepPlan([collate(group, advantages, pad_token_id, packed=packed) for group in groups], totals)
+    batches = [collate(group, advantages, pad_token_id, packed=packed, version=version) for group in groups]
+    return StepPlan(batches, totals)
 
 
 def pack(samples: Sequence[Sample], token_budget: int, *, overhead_tokens: int) -> list[list[Sample]]:
@@ -233,10 +239,15 @@ def _padded_tokens(prompts: int, longest_prompt: int, rows: int, longest_complet
 
 
 def collate(
-    samples: Sequence[Sample], advantages: Mapping[str, float], pad_token_id: int, *, packed: bool = False
+    samples: Sequence[Sample],
+    advantages: Mapping[str, float],
+    pad_token_id: int,
+    *,
+    packed: bool = False,
+    version: int | None = None,
 ) -> MicroBatch:
     """One micro-batch: each distinct prompt once, a completion row per sample, right-padded; with
-    `packed`, their packed row too."""
+    `packed`, their packed row too; with `version`, each model token's lag behind it."""
     prompt_rows: dict[tuple[int, ...], int] = {}
     row_prompt = [prompt_rows.setdefault(tuple(s.prompt_token_ids), len(prompt_rows)) for s in samples]
     prompt_ids, prompt_mask = _right_padded(list(prompt_rows), pad_token_id)
@@ -250,6 +261,10 @@ def collate(
     loss_mask = attended  # every completion token is the model's, unless a sample has segments
     if any(s.segments for s in samples):
         loss_mask = torch.tensor(_padded([s.model_mask() for s in samples], False, width), dtype=torch.bool)
+    token_lag = None
+    if version is not None:
+        lags = [_at_model_tokens(s, [version - v for v in s.completion.versions], 0) for s in samples]
+        token_lag = torch.tensor(_padded(lags, 0, width), dtype=torch.long)
     return MicroBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -260,6 +275,7 @@ def collate(
         behaviour_logprobs=behaviour_logprobs,
         advantages=token_advantages,
         sample_ids=tuple(sample.sample_id for sample in samples),
+        token_lag=token_lag,
         packed=packed_layout(samples) if packed else None,
     )
 
@@ -278,7 +294,7 @@ def _padded(rows: Sequence[Sequence[T]], value: T, width: int) -> list[list[T]]:
     return [[*row, *[value] * (width - len(row))] for row in rows]
 
 
-def _at_model_tokens(sample: Sample, values: list[float], fill: float) -> list[float]:
+def _at_model_tokens(sample: Sample, values: list[T], fill: T) -> list[T]:
     """`values`, one per model token, spread over the sample's completion positions with `fill` at
     its context tokens."""
     if not sample.segments:

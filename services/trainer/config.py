@@ -75,6 +75,12 @@ class LossConfig(BaseModel):
     """M2PO's second-moment trust region, any kind: within each micro-batch, the tokens with the
     largest squared log behaviour weight are left out of the loss until the mean over the rest is
     below this (the M2PO paper's 0.04). None turns it off."""
+    max_token_lag: int | None = Field(default=None, ge=0)
+    """Any kind: a model token sampled by weights more than this many versions older than the ones
+    the step trains is left out of the loss, while the newer tokens of its sample still train (an
+    episode's late turns, or the end of a long completion that outlived updates). The trainer's lag
+    policy judges a sample whole, at its oldest token; this bound judges each token. None turns it
+    off."""
     gspo_clip_low: float = Field(default=3e-4, gt=0, lt=1)
     """GSPO only: lower clip range of the sequence ratio (the GSPO paper's 3e-4)."""
     gspo_clip_high: float = Field(default=4e-4, gt=0)

@@ -167,21 +167,29 @@ class DeepSpeedLearner(TorchLearner):
             **self.zero.overrides,
         }
 
-    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float]) -> StepPlan:
+    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int) -> StepPlan:
         """Halve the token budget until every rank has a micro-batch of its own (when there are
         enough samples), so that the ranks share the work."""
-        budget, overhead = self.config.micro_batch_tokens, self.config.micro_batch_overhead_tokens
-        packed = self.config.packing
-        plan = plan_step(
-            trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead, packed=packed
-        )
+
+        def within(budget: int) -> StepPlan:
+            overhead, packed = self.config.micro_batch_overhead_tokens, self.config.packing
+            return plan_step(
+                trained,
+                advantages,
+                budget,
+                self._pad_token_id,
+                overhead_tokens=overhead,
+                packed=packed,
+                version=version,
+            )
+
+        budget = self.config.micro_batch_tokens
+        plan = within(budget)
         # Never below the longest sample, which would no longer fit a micro-batch.
         longest = max((len(s.prompt_token_ids) + len(s.completion) for s in trained), default=budget)
         while len(plan.micro_batches) < min(self.world_size, len(trained)) and budget > longest:
             budget = max(budget // 2, longest)
-            plan = plan_step(
-                trained, advantages, budget, self._pad_token_id, overhead_tokens=overhead, packed=packed
-            )
+            plan = within(budget)
         return plan
 
     @property

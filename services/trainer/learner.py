@@ -174,7 +174,7 @@ class TorchLearner:
         check_samples(samples, self.limits)
         groups = compute_advantages(samples, self.config.advantages)
         trained = groups.trained(samples)
-        plan = self._plan(trained, groups.advantages)
+        plan = self._plan(trained, groups.advantages, current_version)
         prepared = time.perf_counter()
 
         self._zero_grad()
@@ -262,6 +262,7 @@ class TorchLearner:
             mask=batch.loss_mask,
             reference_logprobs=reference,
             entropy=entropy,
+            token_lag=batch.token_lag,
         )
 
     def _packed_loss_inputs(self, batch: MicroBatch) -> LossInputs:
@@ -285,6 +286,7 @@ class TorchLearner:
             mask=batch.loss_mask,
             reference_logprobs=reference,
             entropy=entropy,
+            token_lag=batch.token_lag,
         )
 
     # ---- hooks a distributed backend overrides --------------------------------------------------
@@ -300,7 +302,7 @@ class TorchLearner:
             fused=self.device.type in ("cpu", "cuda"),
         )
 
-    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float]) -> StepPlan:
+    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int) -> StepPlan:
         return plan_step(
             trained,
             advantages,
@@ -308,6 +310,7 @@ class TorchLearner:
             self._pad_token_id,
             overhead_tokens=self.config.micro_batch_overhead_tokens,
             packed=self.config.packing,
+            version=version,
         )
 
     @property

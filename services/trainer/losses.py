@@ -1,5 +1,6 @@
 """Per-token policy-gradient losses: truncated IS REINFORCE, PPO-clip, GSPO and AReaL's decoupled PPO,
-M2PO's second-moment mask over any of them, plus KL and entropy terms.
+M2PO's second-moment mask and a bound on each token's lag over any of them, plus KL and entropy
+terms.
 
 Every tensor is [sequences, positions], aligned on *predicted* tokens: position t holds the current
 and behaviour logprob of the same token, its advantage, and `mask[t]` says whether it is a model
@@ -55,6 +56,9 @@ class LossInputs:
     entropy: torch.Tensor | None = None
     """Full-vocabulary entropy of the current distribution at each position (see `entropy_from_logits`);
     needs gradient when `entropy_coef > 0`."""
+    token_lag: torch.Tensor | None = None
+    """Versions between the weights that sampled each token and the ones the step trains; needed
+    when `max_token_lag` is set."""
 
 
 @dataclass
@@ -66,7 +70,7 @@ class LossStats:
     """Sum of the micro-batch losses, i.e. the step loss."""
     clipped_tokens: int = 0
     """Tokens whose gradient was truncated (REINFORCE), zeroed by clipping (PPO, GSPO, decoupled) or
-    left out of the loss (decoupled's behaviour cap, M2PO's second-moment mask)."""
+    left out of the loss (decoupled's behaviour cap, M2PO's second-moment mask, `max_token_lag`)."""
     ratio_sum: float = 0.0
     ratio_sq_sum: float = 0.0
     kl_tokens: int = 0
@@ -116,8 +120,12 @@ def policy_loss(inputs: LossInputs, config: LossConfig, totals: StepTotals) -> L
         raise ValueError("kl_coef > 0 needs reference logprobs")
     log_ratio = masked_log_ratio(inputs.logprobs, inputs.behaviour_logprobs, mask, config.max_log_ratio)
     trained = mask
+    if config.max_token_lag is not None:
+        if inputs.token_lag is None:
+            raise ValueError("max_token_lag needs the lag of each token")
+        trained = mask & (inputs.token_lag <= config.max_token_lag)
     if config.m2_threshold is not None:
-        trained = second_moment_mask(log_ratio.detach(), mask, config.m2_threshold)
+        trained = second_moment_mask(log_ratio.detach(), trained, config.m2_threshold)
     objective, clipped = _objective(config, inputs.logprobs, log_ratio, inputs.advantages, trained)
     clipped = clipped | (mask & ~trained)
     per_token = -torch.where(trained, objective, 0.0)

@@ -175,7 +175,7 @@ def test_deepspeed_micro_batches_never_get_a_budget_below_the_longest_sample() -
     ]
     ranks = SimpleNamespace(world_size=4, config=LearnerConfig(micro_batch_tokens=64), _pad_token_id=0)
 
-    plan = DeepSpeedLearner._plan(ranks, samples, {s.sample_id: 1.0 for s in samples})  # type: ignore[arg-type]
+    plan = DeepSpeedLearner._plan(ranks, samples, {s.sample_id: 1.0 for s in samples}, 0)  # type: ignore[arg-type]
 
     assert sorted(len(batch.sample_ids) for batch in plan.micro_batches) == [1, 3]  # the 10 alone
 
@@ -187,7 +187,7 @@ def test_gradient_checkpointing_does_not_change_the_gradient() -> None:
     for checkpointing in (False, True):
         model = build_preset("tiny", seed=0).model
         learner = TorchLearner(model, LearnerConfig(gradient_checkpointing=checkpointing))
-        learner.accumulate_gradients(learner._plan(samples, {s.sample_id: s.reward - 0.5 for s in samples}))
+        learner.accumulate_gradients(learner._plan(samples, {s.sample_id: s.reward - 0.5 for s in samples}, 0))
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) == checkpointing
         gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert gradients[0].abs().max() > 0

@@ -1,10 +1,12 @@
 """The policy losses against an independent numpy reference: the loss value and its gradient with
 respect to each current logprob, written out by hand from the papers' formulas, for every kind,
-token weighting, the KL penalty and M2PO's mask, on random ragged batches with stale tokens."""
+token weighting, the KL penalty, M2PO's mask and the bound on each token's lag, on random ragged
+batches with stale tokens."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,13 +41,17 @@ def reference_loss(
     reference: np.ndarray,
     advantages: np.ndarray,
     mask: np.ndarray,
+    lag: np.ndarray,
     config: LossConfig,
 ) -> tuple[float, np.ndarray]:
     """(loss, d loss / d current logprob) of one micro-batch that is the whole step."""
     weights = reference_weights(mask, config.weighting)
     log_ratio = np.where(mask, current - behaviour, 0.0)
     ratio = np.exp(log_ratio)
-    trained = mask if config.m2_threshold is None else reference_m2_mask(log_ratio, mask, config.m2_threshold)
+    # Tokens over the lag bound leave the loss first; M2PO's mask then chooses among the rest.
+    trained = mask if config.max_token_lag is None else mask & (lag <= config.max_token_lag)
+    if config.m2_threshold is not None:
+        trained = reference_m2_mask(log_ratio, trained, config.m2_threshold)
     if config.kind is PolicyLossKind.REINFORCE:
         # -min(r, cap) A logp with r held constant
         coefficient = np.minimum(ratio, config.ratio_cap) * advantages
@@ -91,24 +97,29 @@ def random_batch(seed: int, staleness: float) -> tuple[np.ndarray, ...]:
     behaviour = current + rng.normal(0.0, staleness, (sequences, width))
     reference = current + rng.normal(0.0, 0.3, (sequences, width))
     advantages = np.broadcast_to(rng.normal(0.0, 1.0, (sequences, 1)), (sequences, width)).copy()
-    return current, behaviour, reference, advantages, mask
+    lag = rng.integers(0, 4, (sequences, width))
+    return current, behaviour, reference, advantages, mask, lag
 
 
 CONFIGS = [
-    LossConfig(kind=kind, weighting=weighting, m2_threshold=m2, kl_coef=kl)
-    for kind, weighting, m2, kl in itertools.product(PolicyLossKind, TokenWeighting, (None, 0.04), (0.0, 0.1))
+    LossConfig(kind=kind, weighting=weighting, m2_threshold=m2, kl_coef=kl, max_token_lag=bound)
+    for kind, weighting, m2, kl, bound in itertools.product(
+        PolicyLossKind, TokenWeighting, (None, 0.04), (0.0, 0.1), (None, 1)
+    )
 ]
 
 
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=lambda c: f"{c.kind}-{c.weighting}-m2={c.m2_threshold}-kl={c.kl_coef}"
+    "config",
+    CONFIGS,
+    ids=lambda c: f"{c.kind}-{c.weighting}-m2={c.m2_threshold}-kl={c.kl_coef}-lag={c.max_token_lag}",
 )
 @pytest.mark.parametrize("staleness", [0.05, 0.6])
 def test_loss_and_gradient_match_the_numpy_reference(config: LossConfig, staleness: float) -> None:
     for seed in range(4):
-        current, behaviour, reference, advantages, mask = random_batch(seed, staleness)
+        current, behaviour, reference, advantages, mask, lag = random_batch(seed, staleness)
         expected_loss, expected_gradient = reference_loss(
-            current, behaviour, reference, advantages, mask, config
+            current, behaviour, reference, advantages, mask, lag, config
         )
 
         logprobs = torch.tensor(current, dtype=torch.float64, requires_grad=True)
@@ -118,18 +129,20 @@ def test_loss_and_gradient_match_the_numpy_reference(config: LossConfig, stalene
             advantages=torch.tensor(advantages),
             mask=torch.tensor(mask),
             reference_logprobs=torch.tensor(reference),
+            token_lag=torch.tensor(lag),
         )
         totals = StepTotals(samples=mask.shape[0], completion_tokens=int(mask.sum()))
         output = policy_loss(inputs, config, totals)
         (gradient,) = torch.autograd.grad(output.loss, logprobs)
 
         # float64 in, but the token weights are float32 (as in training): agreement to float32's precision
-        assert float(output.loss.detach()) == pytest.approx(expected_loss, rel=1e-6, abs=1e-9)
+        # (a loss summed over terms of ~0.1 that cancel: its absolute error is theirs)
+        assert float(output.loss.detach()) == pytest.approx(expected_loss, rel=1e-6, abs=1e-8)
         np.testing.assert_allclose(gradient.numpy(), expected_gradient, rtol=1e-6, atol=1e-9)
 
 
 def test_the_m2_mask_leaves_out_only_the_largest_log_ratios_and_reaches_its_threshold() -> None:
-    current, behaviour, _, advantages, mask = random_batch(0, 0.6)
+    current, behaviour, _, advantages, mask, _ = random_batch(0, 0.6)
     config = LossConfig(kind=PolicyLossKind.DECOUPLED, m2_threshold=0.04)
     log_ratio = np.where(mask, current - behaviour, 0.0)
     kept = reference_m2_mask(log_ratio, mask, 0.04)
@@ -149,7 +162,7 @@ def test_the_m2_mask_leaves_out_only_the_largest_log_ratios_and_reaches_its_thre
 
 
 def test_decoupled_leaves_out_tokens_over_the_behaviour_cap_where_reinforce_truncates_them() -> None:
-    current, behaviour, _, advantages, mask = random_batch(1, 0.05)
+    current, behaviour, _, advantages, mask, _ = random_batch(1, 0.05)
     behaviour[0, 0] = current[0, 0] - np.log(8.0)  # behaviour weight 8: over the cap of 5
     inputs = LossInputs(
         torch.tensor(current, requires_grad=True),
@@ -166,3 +179,29 @@ def test_decoupled_leaves_out_tokens_over_the_behaviour_cap_where_reinforce_trun
     )[0]
     assert decoupled[0, 0] == 0
     assert reinforce[0, 0] == pytest.approx(-1.2 * advantages[0, 0] / mask.shape[0])
+
+
+def test_tokens_over_the_lag_bound_leave_the_loss_and_count_as_clipped() -> None:
+    current, behaviour, _, advantages, mask, lag = random_batch(2, 0.05)
+    logprobs = torch.tensor(current, requires_grad=True)
+    inputs = LossInputs(
+        logprobs,
+        torch.tensor(behaviour),
+        torch.tensor(advantages),
+        torch.tensor(mask),
+        token_lag=torch.tensor(lag),
+    )
+    totals = StepTotals(mask.shape[0], int(mask.sum()))
+    output = policy_loss(inputs, LossConfig(kind=PolicyLossKind.PPO, max_token_lag=1), totals)
+    (gradient,) = torch.autograd.grad(output.loss, logprobs)
+
+    stale = mask & (lag > 1)
+    assert 0 < stale.sum() < mask.sum()
+    assert (gradient.numpy()[stale] == 0).all()
+    assert (gradient.numpy()[mask & ~stale] != 0).all()
+    # at this staleness PPO's clip binds nowhere: every clipped token is a stale one
+    assert output.stats.clipped_tokens == int(stale.sum())
+    assert output.stats.tokens == int(mask.sum())  # still in the ratio, ESS and KL statistics
+
+    with pytest.raises(ValueError, match="lag of each token"):
+        policy_loss(replace(inputs, token_lag=None), LossConfig(max_token_lag=1), totals)

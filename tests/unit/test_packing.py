@@ -109,6 +109,7 @@ def test_a_packed_step_equals_the_padded_step_within_1e_5(seed: int) -> None:
         LossConfig(kind=PolicyLossKind.GSPO, weighting=TokenWeighting.SEQUENCE, gspo_clip_high=1.0),
         LossConfig(entropy_coef=0.03, entropy_floor=3.0, kl_coef=0.05),
         LossConfig(kind=PolicyLossKind.DECOUPLED, weighting=TokenWeighting.TOKEN, behaviour_cap=1.5),
+        LossConfig(kind=PolicyLossKind.PPO, max_token_lag=2),  # versions 0-2 at step 3: lags 1-3
     ]  # not M2PO's mask: it is chosen within each micro-batch, and the two paths split differently
     loss = losses[seed % len(losses)]
     # Budgets from the longest sample up: one micro-batch, or splits that differ between the modes.

@@ -28,6 +28,8 @@ from pipelinerl.trainer.losses import LossStats
 PAD = 0
 MODEL, CONTEXT = SegmentKind.MODEL, SegmentKind.CONTEXT
 PROMPT = [1, 5, 6]
+STEP_VERSION = 2
+"""The version `learner_loss_and_gradient` trains at: the episodes' first tokens are 2 behind it."""
 
 
 def episode(sample_id: str, reward: float, turns: list[tuple[SegmentKind, list[int]]]) -> Sample:
@@ -59,7 +61,7 @@ def learner_loss_and_gradient(
     learner: TorchLearner, samples: list[Sample], budget: int = 4096
 ) -> tuple[LossStats, torch.Tensor]:
     advantages = compute_advantages(samples, AdvantageConfig()).advantages
-    plan = plan_step(samples, advantages, budget, PAD, overhead_tokens=0)
+    plan = plan_step(samples, advantages, budget, PAD, overhead_tokens=0, version=STEP_VERSION)
     learner.optimizer.zero_grad(set_to_none=True)
     stats = learner.accumulate_gradients(plan)
     return stats, gradient(learner.model)
@@ -80,6 +82,12 @@ def test_a_segmented_row_attends_to_every_token_and_trains_the_models_only() -> 
         torch.tensor([[-0.4, -0.7, 0, 0, 0, -1.0, -1.3, -1.6], [-0.5, -0.6, 0, 0, 0, 0, 0, 0]]),
     )
     assert batch.advantages.tolist() == [[0.5, 0.5, 0, 0, 0, 0.5, 0.5, 0.5], [-0.5, -0.5] + [0.0] * 6]
+    assert batch.token_lag is None  # made without the step's version
+    # Versions 0, 0, 1, 1, 2 at the episode's model tokens and 3, 3 at the single's, seen from 3.
+    lags = collate(
+        [episode("e", 1.0, TWO_TURNS), single], {"e": 0.5, "single": -0.5}, PAD, version=3
+    ).token_lag
+    assert lags is not None and lags.tolist() == [[3, 3, 0, 0, 0, 2, 2, 1], [0] * 8]
     plan = plan_step([episode("e", 1.0, TWO_TURNS), single], {"e": 0.5, "single": -0.5}, 64, PAD,
                      overhead_tokens=0)  # fmt: skip
     assert plan.totals.completion_tokens == 5 + 2  # model tokens: what the loss sees
@@ -90,8 +98,9 @@ def test_a_segmented_row_attends_to_every_token_and_trains_the_models_only() -> 
     [
         LossConfig(kind=PolicyLossKind.REINFORCE, weighting=TokenWeighting.SAMPLE_COUNT),
         LossConfig(kind=PolicyLossKind.PPO, weighting=TokenWeighting.TOKEN),
+        LossConfig(kind=PolicyLossKind.REINFORCE, max_token_lag=1),
     ],
-    ids=lambda loss: loss.kind.value,
+    ids=lambda loss: f"{loss.kind.value}-lag={loss.max_token_lag}",
 )
 def test_loss_and_gradient_are_those_computed_by_hand_over_the_model_spans(
     model: PreTrainedModel, loss: LossConfig
@@ -112,7 +121,10 @@ def test_loss_and_gradient_are_those_computed_by_hand_over_the_model_spans(
         start = len(sample.prompt_token_ids)
         positions = [start + t for t, trained in enumerate(sample.model_mask()) if trained]
         assert len(positions) == len(sample.completion.logprobs)
-        for position, behaviour in zip(positions, sample.completion.logprobs, strict=True):
+        tokens = zip(positions, sample.completion.logprobs, sample.completion.versions, strict=True)
+        for position, behaviour, version in tokens:
+            if loss.max_token_lag is not None and STEP_VERSION - version > loss.max_token_lag:
+                continue  # sampled by weights too old: no term, though it counts in the step's tokens
             current = logprobs[position - 1, int(stream[0, position])]
             ratio = torch.exp(current - behaviour)
             if loss.kind is PolicyLossKind.REINFORCE:
@@ -125,6 +137,8 @@ def test_loss_and_gradient_are_those_computed_by_hand_over_the_model_spans(
     model.eval()
 
     assert stats.tokens == model_tokens == 5 + 3
+    # The first two tokens of each episode are 2 versions old.
+    assert stats.clipped_tokens >= (4 if loss.max_token_lag == 1 else 0)
     assert stats.loss == pytest.approx(float(expected.detach()), rel=1e-5, abs=1e-7)
     assert got.abs().max() > 0
     torch.testing.assert_close(got, gradient(model), rtol=1e-4, atol=1e-6)
