@@ -2,8 +2,8 @@
 off-policy corrections next to it: a grid of `benchmarks/single_process.py` runs.
 
     python -m benchmarks.lag_study --out lag-study.jsonl [--tasks copy,repeat] [--lrs 1e-4,3e-4,1e-3,3e-3]
-        [--lags 0,1,2] [--seeds 8] [--losses default,decoupled,m2po] [--workers 2]
-        [--plot docs/images/lag-study.png]
+        [--lags 0,1,2] [--seeds 8] [--losses default,decoupled,m2po,token_bound] [--in-flight]
+        [--workers 2] [--plot docs/images/lag-study.png]
     python -m benchmarks.lag_study --out lag-study.jsonl --analyse   # the figures of the runs so far
 
 Each run trains the tiny preset from random weights with the sampling weights `lag` optimizer
@@ -15,10 +15,16 @@ policy before and after each optimizer step on the samples that step trained.
 Tasks: `copy` is `builtin:copy:2` (3-token completions), 16,384 samples a run; `repeat` is
 `builtin:repeat:16`, the long-tail task at a length two cores can repeat hundreds of times (1 to
 16 digits, most of them short), 8,192 samples a run. Losses: `default` (truncated importance
-weights, `pipelinerl run`'s), `decoupled` (AReaL's decoupled PPO, `kind: decoupled`) and `m2po`
-(the same with M2PO's second-moment mask, `m2_threshold: 0.04`, as AReaL's M2PO example); the
-corrections only run with lag, and every gap is measured against the default loss at lag 0 on the
+weights, `pipelinerl run`'s), `decoupled` (AReaL's decoupled PPO, `kind: decoupled`), `m2po`
+(the same with M2PO's second-moment mask, `m2_threshold: 0.04`, as AReaL's M2PO example) and
+`token_bound` (the default with `max_token_lag: 1`: tokens more than one version old leave the
+loss); the corrections only run with lag, and every gap is measured against the default loss at lag 0 on the
 same seeds (same initial weights, same prompts), so it is a paired difference.
+
+`--in-flight` makes every lagged run's update arrive in flight (`single_process.py --in-flight`):
+each completion's tokens past half of its budget are sampled by weights one step newer, so a long
+completion holds tokens `lag` and `lag` − 1 versions old, as the pipeline's do; its lag is written
+`2 → 1` in the table. Lag 0 runs are the same with or without it.
 
 Each finished run is appended to --out as one JSON line and runs already there are skipped, so an
 interrupted study resumes where it stopped; seeds are the outer loop, so a study cut short has
@@ -50,6 +56,7 @@ LOSSES = {
     "default": {},
     "decoupled": {"loss": {"kind": "decoupled"}},
     "m2po": {"loss": {"kind": "decoupled", "m2_threshold": 0.04}},
+    "token_bound": {"loss": {"max_token_lag": 1}},
 }
 BASELINE = "default"
 
@@ -69,7 +76,8 @@ def mean_ci(values: list[float]) -> tuple[float, float | None]:
 
 
 def key(run: dict) -> tuple:
-    return run["task"], run["loss"], run["lr"], run["lag"], run["seed"]
+    """(task, loss, lr, lag, in flight, seed); the point a run belongs to is all but the seed."""
+    return run["task"], run["loss"], run["lr"], run["lag"], run.get("in_flight", False), run["seed"]
 
 
 def grid(args: argparse.Namespace) -> list[dict]:
@@ -81,7 +89,9 @@ def grid(args: argparse.Namespace) -> list[dict]:
                 for lag in args.lags:
                     for loss in args.losses:
                         if loss == BASELINE or lag > 0:
-                            runs.append({"task": task, "loss": loss, "lr": lr, "lag": lag, "seed": seed})
+                            in_flight = args.in_flight and lag > 0
+                            runs.append({"task": task, "loss": loss, "lr": lr, "lag": lag,
+                                         "in_flight": in_flight, "seed": seed})  # fmt: skip
     return runs
 
 
@@ -89,23 +99,25 @@ def run_one(run: dict) -> dict:
     configure_logging("benchmark", level="warning")  # each worker is a fresh process
     argv = [*TASKS[run["task"]], "--lr", str(run["lr"]), "--lag", str(run["lag"]), "--seed", str(run["seed"])]
     argv += ["--learner", json.dumps(LOSSES[run["loss"]]), "--threads", "1", "--quiet"]
+    argv += ["--in-flight"] if run["in_flight"] else []
     return {**run, **{k: v for k, v in train(run_parser().parse_args(argv)).items() if k not in run}}
 
 
 def analyse(runs: list[dict]) -> list[dict]:
     by_point: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for run in runs:
-        by_point[key(run)[:4]][run["seed"]] = run
+        by_point[key(run)[:5]][run["seed"]] = run
     points = []
-    for (task, loss, lr, lag), seeds in sorted(by_point.items()):
+    for (task, loss, lr, lag, in_flight), seeds in sorted(by_point.items()):
         reward, reward_ci = mean_ci([r["reward_mean"] for r in seeds.values()])
-        gap, gap_ci = _paired(seeds, by_point.get((task, BASELINE, lr, 0), {})) if lag > 0 else (None, None)
+        base = by_point.get((task, BASELINE, lr, 0, False), {})
+        gap, gap_ci = _paired(seeds, base) if lag > 0 else (None, None)
         versus, versus_ci = (None, None)
         if loss != BASELINE:
-            versus, versus_ci = _paired(seeds, by_point.get((task, BASELINE, lr, lag), {}))
+            versus, versus_ci = _paired(seeds, by_point.get((task, BASELINE, lr, lag, in_flight), {}))
         kls = [r["step_kl"] for r in seeds.values() if r["step_kl"] is not None]
         points.append({
-            "task": task, "loss": loss, "lr": lr, "lag": lag, "seeds": len(seeds),
+            "task": task, "loss": loss, "lr": lr, "lag": lag, "in_flight": in_flight, "seeds": len(seeds),
             "reward": round(reward, 4), "reward_ci": _round(reward_ci),
             "gap": _round(gap), "gap_ci": _round(gap_ci),
             "vs_default": _round(versus), "vs_default_ci": _round(versus_ci),
@@ -133,7 +145,8 @@ def table(points: list[dict]) -> str:
     for p in points:
         reward = _signed(p["reward"], p["reward_ci"]).lstrip("+")
         gap, versus = _signed(p["gap"], p["gap_ci"]), _signed(p["vs_default"], p["vs_default_ci"])
-        cells = [p["task"], p["loss"], f"{p['lr']:g}", p["lag"], p["seeds"], reward, gap, versus]
+        lag = f"{p['lag']} → {p['lag'] - 1}" if p["in_flight"] else p["lag"]
+        cells = [p["task"], p["loss"], f"{p['lr']:g}", lag, p["seeds"], reward, gap, versus]
         lines.append("| " + " | ".join(map(str, cells)) + f" | {p['step_kl']:.2e} |")
     return "\n".join(lines)
 
@@ -187,7 +200,12 @@ def main() -> None:
     )
     parser.add_argument("--lags", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--losses", type=lambda s: s.split(","), default=list(LOSSES))
+    parser.add_argument("--losses", type=lambda s: s.split(","), default=["default", "decoupled", "m2po"])
+    parser.add_argument(
+        "--in-flight",
+        action="store_true",
+        help="each lagged run's update arrives halfway through a completion",
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--analyse", action="store_true", help="only the figures of the runs in --out")
@@ -207,7 +225,8 @@ def main() -> None:
                 out.flush()
                 done.append(result)
                 r = result
-                print(f"{len(done)}: {r['task']} {r['loss']} lr {r['lr']:g} lag {r['lag']} seed {r['seed']}: "
+                lag = f"{r['lag']}{' in flight' if r['in_flight'] else ''}"
+                print(f"{len(done)}: {r['task']} {r['loss']} lr {r['lr']:g} lag {lag} seed {r['seed']}: "
                       f"reward {r['reward_mean']:.3f}, step KL {r['step_kl']:.2e}", flush=True)  # fmt: skip
     points = analyse(done)
     print(table(points))

@@ -12,7 +12,10 @@ Its defaults are `pipelinerl run`'s (group size, samples per step, temperature, 
 and its floor); `--learner` overrides any field of the trainer's learner config.
 
 `--lag 1` samples each batch with the weights of one optimizer step before the learner's, as a
-pipeline whose inference trails the trainer by one version does.
+pipeline whose inference trails the trainer by one version does. `--in-flight` moves the sampling
+weights one step closer halfway through each completion (`--max-new-tokens` / 2), as an update
+arriving in flight does: a completion longer than that has tokens of two versions, `lag` and
+`lag` − 1 behind (what `learner.loss.max_token_lag` judges token by token).
 
 Ends with one JSON line: samples_per_s, reward_mean (mean reward over every sample of the run: the
 reward per sample that `benchmarks/lag_study.py` compares), reward_last_8192 (mean reward over the
@@ -56,9 +59,36 @@ def sample_batch(
     group: int,
     max_new: int,
     temperature: float,
+    newer: PreTrainedModel | None = None,
 ) -> list[tuple[list[int], TokenSequence, FinishReason]]:
-    """`group` completions of each prompt: (prompt ids, completion with logprobs, finish reason)."""
+    """`group` completions of each prompt: (prompt ids, completion with logprobs, finish reason).
+    With `newer`, a completion's tokens past the first half of `max_new` are sampled by `newer`
+    (an update arrived in flight), and their versions are 1 where the first half's are 0."""
     rows = [tokenizer(p)["input_ids"] for p in prompts for _ in range(group)]
+    first = generate(model, tokenizer, rows, max_new if newer is None else max_new // 2, temperature)
+    results = []
+    if newer is not None:
+        going = [row for row, (_, _, ended) in enumerate(first) if not ended]
+        rest = generate(newer, tokenizer, [rows[r] + first[r][0] for r in going], max_new - max_new // 2,
+                        temperature)  # fmt: skip
+        more = dict(zip(going, rest, strict=True))
+    for row, (tokens, logprobs, ended) in enumerate(first):
+        versions = [0] * len(tokens)
+        if newer is not None and row in more:
+            tokens, logprobs, ended = tokens + more[row][0], logprobs + more[row][1], more[row][2]
+            versions += [1] * len(more[row][0])
+        reason = FinishReason.STOP if ended else FinishReason.LENGTH
+        results.append((rows[row], TokenSequence(tokens, logprobs, versions), reason))
+    return results
+
+
+def generate(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: list[list[int]], max_new: int,
+    temperature: float,
+) -> list[tuple[list[int], list[float], bool]]:  # fmt: skip
+    """Each row's sampled tokens up to its end-of-sequence, their logprobs, and whether it ended."""
+    if not rows:
+        return []
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
@@ -73,15 +103,15 @@ def sample_batch(
             out.sequences, out.scores, normalize_logits=True
         )
     results = []
-    for row, prompt in enumerate(rows):
-        tokens, lps, reason = [], [], FinishReason.LENGTH
+    for row in range(len(rows)):
+        tokens, lps, ended = [], [], False
         for token, lp in zip(out.sequences[row, width:].tolist(), logprobs[row].tolist(), strict=True):
             tokens.append(token)
             lps.append(lp)
             if token == tokenizer.eos_token_id:
-                reason = FinishReason.STOP
+                ended = True
                 break
-        results.append((prompt, TokenSequence(tokens, lps, [0] * len(tokens)), reason))
+        results.append((tokens, lps, ended))
     return results
 
 
@@ -103,6 +133,10 @@ def parser() -> argparse.ArgumentParser:
                         help="nats per token; unset or 0: the bonus acts at every entropy")  # fmt: skip
     parser.add_argument("--learner", default="{}", help="LearnerConfig fields over the run's, as JSON")
     parser.add_argument("--lag", type=int, default=0, help="optimizer steps the sampling weights trail by")
+    parser.add_argument(
+        "--in-flight", action="store_true",
+        help="with --lag: the sampling weights move one step closer halfway through each completion",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--threads", type=int, default=None)
@@ -153,7 +187,10 @@ def train(args: argparse.Namespace) -> dict:
     }  # fmt: skip
     config = LearnerConfig.model_validate(merge(learner_config, json.loads(args.learner)))
     learner = TorchLearner(loaded.model, config, tokenizer=loaded.tokenizer)
+    if args.in_flight and args.lag < 1:
+        raise SystemExit("--in-flight needs --lag 1 or more: the update arrives from weights one step newer")
     sampler = copy.deepcopy(loaded.model).eval()
+    newer = copy.deepcopy(loaded.model).eval() if args.in_flight else None
     behind: collections.deque[dict[str, torch.Tensor]] = collections.deque()
     task, digits = parse_builtin(args.dataset)
     problems = builtin_problems(task, digits, args.seed)
@@ -169,13 +206,13 @@ def train(args: argparse.Namespace) -> dict:
         batch = [next(problems) for _ in range(groups_per_step)]
         prompts = [p.prompt for p in batch]
         rollouts = sample_batch(sampler, loaded.tokenizer, prompts, args.group_size, args.max_new_tokens,
-                                args.temperature)  # fmt: skip
+                                args.temperature, newer)  # fmt: skip
         samples = []
         for i, (prompt_ids, tokens, reason) in enumerate(rollouts):
             problem = batch[i // args.group_size]
-            tokens = TokenSequence(
-                tokens.token_ids, tokens.logprobs, [max(version - args.lag, 0)] * len(tokens)
-            )
+            # each token's version: the sampler's (the in-flight update's, one newer, past the half)
+            versions = [max(version - args.lag + v, 0) for v in tokens.versions]
+            tokens = TokenSequence(tokens.token_ids, tokens.logprobs, versions)
             text = str(loaded.tokenizer.decode(tokens.token_ids, skip_special_tokens=True))
             reward, _ = verifier(problem.verifier).score(problem.prompt, text, problem.answer)
             rewards.append(reward)
@@ -195,6 +232,8 @@ def train(args: argparse.Namespace) -> dict:
         behind.append({k: v.detach().clone() for k, v in learner.model.state_dict().items()})
         if len(behind) > args.lag:
             sampler.load_state_dict(behind.popleft())
+        if newer is not None and len(behind) == args.lag:  # the weights one step after the sampler's
+            newer.load_state_dict(behind[0])
         if version % 20 == 0 and not args.quiet:
             print(f"{len(rewards):>7} samples  reward {statistics.fmean(rewards[-WINDOW:]):.3f}  "
                   f"zero-var {steps[-1][1]:.2f}  entropy {metrics.entropy or 0:.3f}  "
@@ -210,7 +249,8 @@ def train(args: argparse.Namespace) -> dict:
         "zero_variance_fraction": round(statistics.fmean(s[1] for s in final), 3),
         "entropy": round(statistics.fmean(entropies), 4) if entropies else None,
         "step_kl": statistics.fmean(step_kls) if step_kls else None,
-        "target": args.target, "seed": args.seed, "lag": args.lag, "dataset": args.dataset,
+        "target": args.target, "seed": args.seed, "lag": args.lag, "in_flight": args.in_flight,
+        "dataset": args.dataset,
         "learner": config.model_dump(mode="json", exclude_defaults=True),
     }  # fmt: skip
 
