@@ -216,16 +216,18 @@ def packed_attention(
     outputs = []
     for bucket in packing.buckets:
         sequences, width = bucket.queries.shape
-        q = query[bucket.queries.flatten()].view(sequences, width, heads, -1).transpose(1, 2)
+        q = query.index_select(0, bucket.queries.flatten()).view(sequences, width, heads, -1).transpose(1, 2)
         k, v = (
-            t[bucket.keys.flatten()].view(sequences, bucket.keys.shape[1], kv_heads, -1).transpose(1, 2)
+            t.index_select(0, bucket.keys.flatten())
+            .view(sequences, bucket.keys.shape[1], kv_heads, -1)
+            .transpose(1, 2)
             for t in (key, value)
         )
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=bucket.mask, dropout_p=dropout, scale=scaling, enable_gqa=heads != kv_heads
         )
         outputs.append(out.transpose(1, 2).reshape(sequences * width, heads, -1))
-    return torch.cat(outputs)[packing.output_index][None], None
+    return torch.cat(outputs).index_select(0, packing.output_index)[None], None
 
 
 def use_packed_attention(model: PreTrainedModel) -> None:
