@@ -67,6 +67,7 @@ def sample_batch(
     rows = [tokenizer(p)["input_ids"] for p in prompts for _ in range(group)]
     first = generate(model, tokenizer, rows, max_new if newer is None else max_new // 2, temperature)
     results = []
+    more: dict[int, tuple[list[int], list[float], bool]] = {}
     if newer is not None:
         going = [row for row, (_, _, ended) in enumerate(first) if not ended]
         rest = generate(newer, tokenizer, [rows[r] + first[r][0] for r in going], max_new - max_new // 2,
@@ -74,7 +75,7 @@ def sample_batch(
         more = dict(zip(going, rest, strict=True))
     for row, (tokens, logprobs, ended) in enumerate(first):
         versions = [0] * len(tokens)
-        if newer is not None and row in more:
+        if row in more:
             tokens, logprobs, ended = tokens + more[row][0], logprobs + more[row][1], more[row][2]
             versions += [1] * len(more[row][0])
         reason = FinishReason.STOP if ended else FinishReason.LENGTH

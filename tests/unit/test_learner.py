@@ -187,7 +187,8 @@ def test_gradient_checkpointing_does_not_change_the_gradient() -> None:
     for checkpointing in (False, True):
         model = build_preset("tiny", seed=0).model
         learner = TorchLearner(model, LearnerConfig(gradient_checkpointing=checkpointing))
-        learner.accumulate_gradients(learner._plan(samples, {s.sample_id: s.reward - 0.5 for s in samples}, 0))
+        advantages = {s.sample_id: s.reward - 0.5 for s in samples}
+        learner.accumulate_gradients(learner._plan(samples, advantages, 0))
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) == checkpointing
         gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert gradients[0].abs().max() > 0
