@@ -9,6 +9,8 @@
         loss_mask         1 1 1 0 0      (trained: the model's tokens)
         row_prompt        the prompt row of each completion row
         behaviour_logprobs, advantages: per completion token, 0 on padding and context tokens
+        token_lag         versions between each model token's weights and the step's (when the
+                          plan is given the step's version: `learner.loss.max_token_lag` reads it)
 
 A segmented (multi-turn) sample is one row too: its completion holds the model's turns and the
 context between them (tool results, observations), attended to as one causal sequence; only its
