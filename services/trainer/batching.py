@@ -47,6 +47,7 @@ import torch
 
 from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.types import Sample
+from pipelinerl.trainer.lineage import Lost, lineage_lag
 from pipelinerl.trainer.losses import StepTotals
 from pipelinerl.trainer.packing import PackedLayout, pack_by_tokens, packed_layout
 
@@ -125,10 +126,12 @@ def plan_step(
     overhead_tokens: int,
     packed: bool = False,
     version: int | None = None,
+    lost: Lost = (),
 ) -> StepPlan:
     """Micro-batches of at most `token_budget` padded tokens holding `samples` (see `pack`); with
     `packed`, of at most `token_budget` real tokens, each with its packed row (`pack_by_tokens`).
-    `version`, the weights the step trains, gives each micro-batch its tokens' lag."""
+    `version`, the weights the step trains, gives each micro-batch its tokens' lag (counted along the
+    lineage, given the versions restarts `lost`)."""
     if packed:
         _check_budget(samples, token_budget)
         groups = pack_by_tokens(samples, token_budget)
@@ -137,7 +140,10 @@ def plan_step(
     totals = StepTotals(
         samples=len(samples), completion_tokens=sum(sample.model_tokens for sample in samples)
     )
-    batches = [collate(group, advantages, pad_token_id, packed=packed, version=version) for group in groups]
+    batches = [
+        collate(group, advantages, pad_token_id, packed=packed, version=version, lost=lost)
+        for group in groups
+    ]
     return StepPlan(batches, totals)
 
 
@@ -247,6 +253,7 @@ def collate(
     *,
     packed: bool = False,
     version: int | None = None,
+    lost: Lost = (),
 ) -> MicroBatch:
     """One micro-batch: each distinct prompt once, a completion row per sample, right-padded; with
     `packed`, their packed row too; with `version`, each model token's lag behind it."""
@@ -265,7 +272,10 @@ def collate(
         loss_mask = torch.tensor(_padded([s.model_mask() for s in samples], False, width), dtype=torch.bool)
     token_lag = None
     if version is not None:
-        lags = [_at_model_tokens(s, [version - v for v in s.completion.versions], 0) for s in samples]
+        lags = [
+            _at_model_tokens(s, [lineage_lag(v, version, lost) for v in s.completion.versions], 0)
+            for s in samples
+        ]
         token_lag = torch.tensor(_padded(lags, 0, width), dtype=torch.long)
     return MicroBatch(
         prompt_ids=prompt_ids,

@@ -108,7 +108,7 @@ class Resumed:
     trained_ids: dict[str, int]
     """Sample id -> the version its step produced, for every sample the checkpoint holds."""
     lost: list[tuple[int, int]]
-    """(first lost, resumed) per restart, see `Trainer.lag`."""
+    """(first lost, resumed) per restart, see lineage.py."""
     published: int
     """The highest version published before (-1 for none)."""
 

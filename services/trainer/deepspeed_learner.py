@@ -36,6 +36,7 @@ from pipelinerl.trainer.batching import StepPlan, plan_step
 from pipelinerl.trainer.checkpoint import save_weights
 from pipelinerl.trainer.config import LearnerConfig, ZeroConfig
 from pipelinerl.trainer.learner import StepMetrics, TorchLearner
+from pipelinerl.trainer.lineage import Lost
 from pipelinerl.trainer.losses import LossStats, policy_loss
 from pipelinerl.weights.buckets import TensorSource
 
@@ -99,9 +100,9 @@ class DeepSpeedLearner(TorchLearner):
         if self.rank == 0:
             dist.broadcast_object_list([(name, args)], src=0, group=self._calls)
 
-    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
-        self._send("step", list(samples), current_version)
-        return super().step(samples, current_version)
+    def step(self, samples: Sequence[Sample], current_version: int, lost: Lost = ()) -> StepMetrics:
+        self._send("step", list(samples), current_version, list(lost))
+        return super().step(samples, current_version, lost)
 
     def weights_for_publish(self) -> Mapping[str, torch.Tensor] | TensorSource:
         if self.zero.stage < 3:
@@ -167,7 +168,9 @@ class DeepSpeedLearner(TorchLearner):
             **self.zero.overrides,
         }
 
-    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int) -> StepPlan:
+    def _plan(
+        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int, lost: Lost = ()
+    ) -> StepPlan:
         """Halve the token budget until every rank has a micro-batch of its own (when there are
         enough samples), so that the ranks share the work."""
 
@@ -181,6 +184,7 @@ class DeepSpeedLearner(TorchLearner):
                 overhead_tokens=overhead,
                 packed=packed,
                 version=version,
+                lost=lost,
             )
 
         budget = self.config.micro_batch_tokens

@@ -50,6 +50,7 @@ from pipelinerl.trainer.checkpoint import (
     write_trainer_state,
 )
 from pipelinerl.trainer.config import LearnerConfig
+from pipelinerl.trainer.lineage import Lost, lineage_lag
 from pipelinerl.trainer.losses import LossInputs, LossStats, entropy_from_logits, policy_loss
 from pipelinerl.trainer.packing import packed_logits, use_packed_attention
 from pipelinerl.trainer.validation import SampleLimits, check_samples
@@ -108,9 +109,9 @@ class Learner(Protocol):
     limits: SampleLimits
     """What a sample may hold for `step` to take it; the trainer checks samples against it on arrival."""
 
-    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+    def step(self, samples: Sequence[Sample], current_version: int, lost: Lost = ()) -> StepMetrics:
         """One optimizer step on `samples` (whole groups), trained while the weights are at
-        `current_version`."""
+        `current_version`; `lost`, the versions restarts lost, for each token's lag (lineage.py)."""
         ...
 
     def weights_for_publish(self) -> Mapping[str, torch.Tensor] | TensorSource:
@@ -169,12 +170,12 @@ class TorchLearner:
 
     # ---- training ----------------------------------------------------------------------------
 
-    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+    def step(self, samples: Sequence[Sample], current_version: int, lost: Lost = ()) -> StepMetrics:
         started = time.perf_counter()
         check_samples(samples, self.limits)
         groups = compute_advantages(samples, self.config.advantages)
         trained = groups.trained(samples)
-        plan = self._plan(trained, groups.advantages, current_version)
+        plan = self._plan(trained, groups.advantages, current_version, lost)
         prepared = time.perf_counter()
 
         self._zero_grad()
@@ -199,7 +200,7 @@ class TorchLearner:
             ess=stats.ess,
             kl=stats.kl,
             entropy=stats.entropy,
-            lag_histogram=lag_histogram(trained, current_version),
+            lag_histogram=lag_histogram(trained, current_version, lost),
             tokens=tokens,
             completion_tokens=plan.totals.completion_tokens,
             micro_batches=len(plan.micro_batches),
@@ -302,7 +303,9 @@ class TorchLearner:
             fused=self.device.type in ("cpu", "cuda"),
         )
 
-    def _plan(self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int) -> StepPlan:
+    def _plan(
+        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int, lost: Lost = ()
+    ) -> StepPlan:
         return plan_step(
             trained,
             advantages,
@@ -311,6 +314,7 @@ class TorchLearner:
             overhead_tokens=self.config.micro_batch_overhead_tokens,
             packed=self.config.packing,
             version=version,
+            lost=lost,
         )
 
     @property
@@ -434,9 +438,11 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(dim=-1)
 
 
-def lag_histogram(samples: Sequence[Sample], current_version: int) -> dict[int, int]:
-    """How many model tokens were generated how many versions ago (only they carry versions)."""
-    counts = Counter(current_version - v for sample in samples for v in sample.completion.versions)
+def lag_histogram(samples: Sequence[Sample], current_version: int, lost: Lost = ()) -> dict[int, int]:
+    """How many model tokens were generated how many optimizer steps ago (only they carry versions)."""
+    counts = Counter(
+        lineage_lag(v, current_version, lost) for sample in samples for v in sample.completion.versions
+    )
     return dict(sorted(counts.items()))
 
 

@@ -35,6 +35,7 @@ from pipelinerl.common.types import Sample, WeightVersion
 from pipelinerl.trainer.checkpoint import CheckpointDir
 from pipelinerl.trainer.config import LagPolicy, TrainerSettings
 from pipelinerl.trainer.learner import Learner, StepMetrics
+from pipelinerl.trainer.lineage import lineage_lag
 from pipelinerl.trainer.metrics import TrainerMetrics
 from pipelinerl.trainer.tracking import StepLogs
 from pipelinerl.trainer.types import Disposition, Malformed, SampleAck, TrainerStatus
@@ -325,7 +326,7 @@ class Trainer:
         samples = [sample for group in groups for sample in group.samples]
         started = time.perf_counter()
         try:
-            metrics = await asyncio.to_thread(self.learner.step, samples, self.version)
+            metrics = await asyncio.to_thread(self.learner.step, samples, self.version, self._lost)
         except Exception as error:
             await self._step_failed(groups, error, wait_s)
             return
@@ -411,16 +412,3 @@ class Trainer:
         async with self._changed:
             self._checkpointed = self.version
             self._changed.notify_all()
-
-
-def lineage_lag(token_version: int, version: int, lost: Sequence[tuple[int, int]]) -> int:
-    """Optimizer steps from the weights of `token_version` to those of `version`, given the
-    versions each restart lost (`Trainer._lost`): those are no steps, and a token of a lost
-    version counts as one of the version that resumed."""
-    lag = version - token_version
-    for first, resumed in lost:
-        if resumed <= version and token_version < first:
-            lag -= resumed - first + 1
-        elif first <= token_version < resumed:
-            lag = version - resumed
-    return max(lag, 0)

@@ -11,8 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from pipelinerl.trainer.__main__ import build
+from pipelinerl.trainer.checkpoint import CheckpointDir
 from pipelinerl.trainer.client import TrainerClient
-from pipelinerl.trainer.config import LagPolicy, LearnerConfig, TrainerSettings
+from pipelinerl.trainer.config import LagPolicy, LearnerConfig, LossConfig, TrainerSettings
 from pipelinerl.trainer.types import Disposition
 from tests.integration.test_trainer_loop import Stream, batches, episode_group, final, group
 
@@ -99,6 +100,33 @@ async def test_an_episodes_lag_is_that_of_its_oldest_model_token(tmp_path: Path)
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     # Two model tokens of each turn per sample; the three context tokens carry no version.
     assert last["lag_histogram"] == {"1": 4, "0": 4} and last["completion_tokens"] == 8
+
+
+async def test_a_restart_that_lost_versions_does_not_age_the_tokens_made_before_it(tmp_path: Path) -> None:
+    """Versions 1-3 were published and lost (no checkpoint holds them): the trainer resumes as
+    version 4 with the weights of 0, so a token of version 0 is no step old, to the lag policy, to
+    the lag histogram and to the bound on each token's lag alike."""
+    CheckpointDir(tmp_path / "checkpoints").record_published(3)
+    config = settings(tmp_path, LagPolicy.DROP, max_lag=0).model_copy(
+        update={
+            "checkpoint_dir": tmp_path / "checkpoints",
+            "learner": LearnerConfig(lr=1e-3, loss=LossConfig(max_token_lag=0)),
+        }
+    )
+    server = await build(config)
+    await server.start()
+    try:
+        async with TrainerClient(server.address) as client:
+            assert (await client.status()).version.version == 4
+            acks = [a async for a in client.submit(batches(episode_group("pre", 0, [0, 1])))]
+            assert final(acks) == dict.fromkeys(["pre-0", "pre-1"], Disposition.TRAINED)
+    finally:
+        await server.stop(grace=1)
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["version"] == 5
+    assert last["lag_histogram"] == {"0": 8}
+    # Counted 4 versions old, every token would have left the loss: a loss of exactly 0.
+    assert last["clip_fraction"] < 1 and last["loss"] != 0
 
 
 def test_wait_needs_a_positive_max_lag() -> None:

@@ -23,6 +23,7 @@ from pipelinerl.trainer.__main__ import build
 from pipelinerl.trainer.client import TrainerClient
 from pipelinerl.trainer.config import LagPolicy, LearnerConfig, TrainerSettings
 from pipelinerl.trainer.learner import StepMetrics, TorchLearner
+from pipelinerl.trainer.lineage import Lost
 from pipelinerl.trainer.server import registration
 from pipelinerl.trainer.trainer import MAX_FAILED_GROUPS, Trainer
 from pipelinerl.trainer.types import Disposition, SampleAck
@@ -158,11 +159,11 @@ class FailingLearner(TorchLearner):
         self.poison = poison
         self.steps = 0
 
-    def step(self, samples: Sequence[Sample], current_version: int) -> StepMetrics:
+    def step(self, samples: Sequence[Sample], current_version: int, lost: Lost = ()) -> StepMetrics:
         self.steps += 1
         if any(s.sample_id.startswith(self.poison) for s in samples):
             raise RuntimeError("CUDA error: device-side assert triggered")
-        return super().step(samples, current_version)
+        return super().step(samples, current_version, lost)
 
 
 async def serve(learner: TorchLearner, samples_per_step: int) -> tuple[GrpcServer, Trainer]:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from pipelinerl.trainer.checkpoint import STATE_FILE, CheckpointDir, read_trainer_state
-from pipelinerl.trainer.trainer import lineage_lag
+from pipelinerl.trainer.lineage import lineage_lag
 
 
 def write(directory: Path, version: int) -> Path:
