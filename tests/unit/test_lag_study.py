@@ -47,9 +47,40 @@ def test_gaps_are_paired_by_seed_against_the_default_loss() -> None:
 
 
 def test_the_grid_runs_corrections_only_with_lag_and_seeds_outermost() -> None:
-    args = argparse.Namespace(seeds=2, tasks=["copy"], lrs=[3e-4], lags=[0, 1], losses=["default", "m2po"])
+    args = argparse.Namespace(
+        seeds=2, tasks=["copy"], lrs=[3e-4], lags=[0, 1], losses=["default", "m2po"], in_flight=False
+    )
     runs = grid(args)
     assert [(r["seed"], r["loss"], r["lag"]) for r in runs] == [
         (0, "default", 0), (0, "default", 1), (0, "m2po", 1),
         (1, "default", 0), (1, "default", 1), (1, "m2po", 1),
     ]  # fmt: skip
+    assert not any(r["in_flight"] for r in runs)
+
+
+def test_updates_in_flight_are_points_of_their_own_measured_against_lag_0() -> None:
+    args = argparse.Namespace(
+        seeds=1, tasks=["repeat"], lrs=[3e-4], lags=[0, 2], losses=["default", "token_bound"], in_flight=True
+    )
+    # lag 0 has no update to arrive in flight
+    assert [(r["loss"], r["lag"], r["in_flight"]) for r in grid(args)] == [
+        ("default", 0, False),
+        ("default", 2, True),
+        ("token_bound", 2, True),
+    ]
+    base = [_run("default", 0, seed, reward) for seed, reward in enumerate((0.3, 0.6))]
+    whole = [_run("default", 2, seed, reward - 0.02) for seed, reward in enumerate((0.3, 0.6))]
+    in_flight = [
+        {**_run("default", 2, seed, reward - 0.01), "in_flight": True}
+        for seed, reward in enumerate((0.3, 0.6))
+    ]
+    bound = [
+        {**_run("token_bound", 2, seed, reward - 0.05), "in_flight": True}
+        for seed, reward in enumerate((0.3, 0.6))
+    ]
+    points = {(p["loss"], p["lag"], p["in_flight"]): p for p in analyse(base + whole + in_flight + bound)}
+
+    assert points[("default", 2, False)]["gap"] == pytest.approx(-0.02)
+    assert points[("default", 2, True)]["gap"] == pytest.approx(-0.01)  # against lag 0, not lag 2 whole
+    # the bound against the default loss with its update in flight, not the one lagged whole
+    assert points[("token_bound", 2, True)]["vs_default"] == pytest.approx(-0.04)
