@@ -176,6 +176,8 @@ def consecutive_kl(before: list[torch.Tensor], after: list[torch.Tensor]) -> flo
 
 def train(args: argparse.Namespace) -> dict:
     """One run; returns its figures (see the module's docstring)."""
+    if args.in_flight and args.lag < 1:
+        raise SystemExit("--in-flight needs --lag 1 or more: the update arrives from weights one step newer")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -188,8 +190,6 @@ def train(args: argparse.Namespace) -> dict:
     }  # fmt: skip
     config = LearnerConfig.model_validate(merge(learner_config, json.loads(args.learner)))
     learner = TorchLearner(loaded.model, config, tokenizer=loaded.tokenizer)
-    if args.in_flight and args.lag < 1:
-        raise SystemExit("--in-flight needs --lag 1 or more: the update arrives from weights one step newer")
     sampler = copy.deepcopy(loaded.model).eval()
     newer = copy.deepcopy(loaded.model).eval() if args.in_flight else None
     behind: collections.deque[dict[str, torch.Tensor]] = collections.deque()

@@ -169,7 +169,7 @@ class DeepSpeedLearner(TorchLearner):
         }
 
     def _plan(
-        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int, lost: Lost = ()
+        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int | None, lost: Lost = ()
     ) -> StepPlan:
         """Halve the token budget until every rank has a micro-batch of its own (when there are
         enough samples), so that the ranks share the work."""

@@ -175,7 +175,9 @@ class TorchLearner:
         check_samples(samples, self.limits)
         groups = compute_advantages(samples, self.config.advantages)
         trained = groups.trained(samples)
-        plan = self._plan(trained, groups.advantages, current_version, lost)
+        # Each token's lag is worked out only for the loss that reads it (a Python pass per token).
+        lag_from = current_version if self.config.loss.max_token_lag is not None else None
+        plan = self._plan(trained, groups.advantages, lag_from, lost)
         prepared = time.perf_counter()
 
         self._zero_grad()
@@ -304,7 +306,7 @@ class TorchLearner:
         )
 
     def _plan(
-        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int, lost: Lost = ()
+        self, trained: Sequence[Sample], advantages: Mapping[str, float], version: int | None, lost: Lost = ()
     ) -> StepPlan:
         return plan_step(
             trained,
