@@ -25,9 +25,15 @@ an episode of that environment (`pipelinerl run --environment`), with `--environ
 class. `--step-latency LOW,HIGH` makes every step of it wait a time drawn log-uniformly between LOW
 and HIGH seconds (`benchmarks/slow_environment.py`), as real tools do; the wait is not CPU, so the
 pipeline can fill it with generation and training while the sync baseline cannot. The figures then
-add `environment`, `step_latency_s`, and per run `turns_mean_<run>`, `step_seconds_mean_<run>` and
+add `environment`, `step_latency_s`, and per run `turns_mean_<run>`, `step_seconds_mean_<run>`,
 `episodes_in_flight_<run>` (the mean over the run of the episodes its environment replicas held,
-sampled every second from `pipelinerl_environment_episodes_active`).
+sampled every second from `pipelinerl_environment_episodes_active`), `prefill_tokens_per_episode_<run>`
+(the prompt tokens its episodes' turns asked for, the coordinator's mean over the last 256),
+`server_prefill_tokens_per_episode_<run>` (the prompt tokens its inference servers ran through the
+model, over the episodes played: a group's shared opening counts once, and a turn that took the
+cache kept from the episode's last turn counts only what it added) and `reused_prompt_share_<run>`
+(prompt tokens taken from kept caches over all prompt tokens the servers had, from
+`pipelinerl_inference_prefill_tokens_total` and `pipelinerl_inference_reused_prompt_tokens_total`).
 
 Each invocation starts both runs fresh in a folder of its own (`--out`, by default a new
 timestamped folder under runs/pipeline_vs_sync/): a folder that already holds a run is refused,
@@ -257,16 +263,18 @@ def occupancy_figures(samples: Sequence[tuple[float, int, int]]) -> dict[str, fl
     return {"mean": round((samples[-1][2] - samples[0][2]) / steps, 2), "by_quarter": quarters}
 
 
-_COUNTER = re.compile(r"^pipelinerl_inference_(decode_steps|decoded_rows)_total(?:\{[^}]*\})? (\S+)$", re.M)
+COUNTERS = ("decode_steps", "decoded_rows", "prefill_tokens", "reused_prompt_tokens")
+_COUNTER = re.compile(rf"^pipelinerl_inference_({'|'.join(COUNTERS)})_total(?:\{{[^}}]*\}})? (\S+)$", re.M)
 
 
-def read_counters(text: str) -> tuple[int, int] | None:
-    """(decode steps, decoded rows) summed over a /metrics exposition, None if it has neither."""
-    found = {"decode_steps": 0.0, "decoded_rows": 0.0}
+def read_counters(text: str) -> dict[str, int] | None:
+    """The built-in engine's `COUNTERS` summed over a /metrics exposition (0 for one it lacks),
+    None if it has none of them."""
+    found = dict.fromkeys(COUNTERS, 0.0)
     matches = _COUNTER.findall(text)
     for name, value in matches:
         found[name] += float(value)
-    return (int(found["decode_steps"]), int(found["decoded_rows"])) if matches else None
+    return {name: int(value) for name, value in found.items()} if matches else None
 
 
 class OccupancySampler(threading.Thread):
@@ -279,6 +287,8 @@ class OccupancySampler(threading.Thread):
         self.run_dir = run_dir
         self.every_s = every_s
         self.samples: list[tuple[float, int, int]] = []
+        self.prompts: list[tuple[int, int]] = []
+        """Prompt tokens the servers prefilled and took from kept caches, at each sample."""
         self.episodes: list[int] = []
         """Episodes the run's environment replicas held, at each sample (none without one)."""
         self._stopped = threading.Event()
@@ -298,7 +308,10 @@ class OccupancySampler(threading.Thread):
                 continue
             counters = read_counters("\n".join(texts))
             if counters is not None:
-                self.samples.append((round(time.monotonic() - started, 2), *counters))
+                self.samples.append(
+                    (round(time.monotonic() - started, 2), counters["decode_steps"], counters["decoded_rows"])
+                )
+                self.prompts.append((counters["prefill_tokens"], counters["reused_prompt_tokens"]))
                 if environments:
                     self.episodes.append(sum(held))
 
@@ -315,6 +328,8 @@ class OccupancySampler(threading.Thread):
         if self.run_dir.is_dir():
             keys = ("elapsed_s", "decode_steps", "decoded_rows")
             rows: list[dict[str, float]] = [dict(zip(keys, s, strict=True)) for s in self.samples]
+            for row, (prefilled, reused) in zip(rows, self.prompts, strict=True):
+                row["prefill_tokens"], row["reused_prompt_tokens"] = prefilled, reused
             for row, held in zip(rows, self.episodes, strict=False):
                 row["episodes_active"] = held
             (self.run_dir / "occupancy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -411,6 +426,14 @@ def episode_figures(out: Path, runs: dict[str, RunResult]) -> dict[str, object]:
         lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
         held = [line["episodes_active"] for line in lines if "episodes_active" in line]
         figures[f"episodes_in_flight_{name}"] = round(statistics.fmean(held), 1) if held else None
+        prompts = next((line for line in reversed(lines) if "prefill_tokens" in line), None)
+        if prompts and last.get("episodes"):
+            prefilled, reused = prompts["prefill_tokens"], prompts["reused_prompt_tokens"]
+            figures[f"server_prefill_tokens_per_episode_{name}"] = round(prefilled / last["episodes"], 1)
+            figures[f"prefill_tokens_per_episode_{name}"] = round(last.get("prefill_tokens_mean", 0.0), 1)
+            figures[f"reused_prompt_share_{name}"] = (
+                round(reused / (prefilled + reused), 3) if prefilled else None
+            )
     return figures
 
 

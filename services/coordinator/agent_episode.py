@@ -102,6 +102,7 @@ class AgentRecorder:
                 prompt,
                 self._sampling(request, budget),
                 weight_version=self._weight_version,
+                prompt_cache_key=self._id,
             )
             try:
                 self.server, completion = await self._pool.generate(generation, prefer=self.server)

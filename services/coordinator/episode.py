@@ -220,7 +220,11 @@ class EpisodeDriver:
             prefill += len(prompt)
             sampling = dataclasses.replace(turns.sampling, max_new_tokens=budget)
             request = GenerationRequest(
-                f"{episode_id}-t{tokens.turns + 1}", prompt, sampling, weight_version=turns.weight_version
+                f"{episode_id}-t{tokens.turns + 1}",
+                prompt,
+                sampling,
+                weight_version=turns.weight_version,
+                prompt_cache_key=episode_id,  # the server keeps the turn's cache for the next one
             )
             server, completion = await turns.pool.generate(request, prefer=server)
             turn = tokens.add_turn(completion.tokens, completion.finish_reason)

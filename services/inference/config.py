@@ -50,6 +50,11 @@ class EngineSettings(BaseModel):
     max_prefill_tokens: int = Field(default=8192, ge=1)
     """Built-in only: padded prompt tokens prefilled in one step, so newcomers stall the running
     batch only briefly; a single prompt is always admitted."""
+    max_kept_caches: int = Field(default=64, ge=0)
+    """Built-in only: KV caches kept after their request for the next turn of the same episode
+    (`prompt_cache_key`), which then prefills only what the turn added. Each takes a row of the
+    slot cache, as much memory as a running sequence, allocated at the first one kept; the least
+    recently kept goes first. 0 keeps none."""
     kv_cache_gib: float = Field(default=1.0, gt=0)
     """vLLM only: size of its KV cache in GiB."""
     ignore_eos: bool = False

@@ -30,6 +30,7 @@ def submission_to_proto(
         stream_tokens=stream_tokens,
         trace=trace,
         weight_version=request.weight_version,
+        prompt_cache_key=request.prompt_cache_key,
     )
 
 
@@ -41,6 +42,7 @@ def request_from_proto(msg: pb.Submission, prompt_token_ids: list[int], where: s
         convert.sampling_from_proto(msg.sampling, f"{where}.sampling"),
         msg.stream_tokens,
         weight_version=msg.weight_version if msg.HasField("weight_version") else None,
+        prompt_cache_key=msg.prompt_cache_key,
     )
 
 

@@ -16,12 +16,15 @@ its own loop and routes the outputs; tests drive it directly.
             3. decode: ONE forward over all running rows (1 token each), draw, +1 token per row
             4. admit newcomers into free rows (≤ max_running, ≤ max_prefill_tokens) and prefill
                them in ONE left-padded forward, each distinct prompt once (a group's attempts share
-               theirs); their first token comes from it, so they join the decode batch next step
+               theirs); their first token comes from it, so they join the decode batch next step.
+               A newcomer whose prompt extends a cache kept under its `prompt_cache_key` (the
+               episode's last turn: `kept_caches`) takes that cache and prefills only the rest, in
+               a second forward that attends to the cached start
             5. ONE read to the host of every token drawn in 3 and 4, with its logprob and whether
                its row ended (stop token, max_new_tokens); stop strings are checked on the host,
                for the rows that have them
             6. finished rows leave and the last row moves into each hole, so running rows are
-               always 0..n-1
+               always 0..n-1; those with a `prompt_cache_key` first copy their cache to a kept row
             A decode or prefill that raises is retried one request at a time; a request that still
             fails, or whose logits are NaN/inf, ends with a `FailedUpdate` and the others go on.
                                                        │
@@ -64,6 +67,7 @@ from pipelinerl.common.types import FinishReason, SamplingParams, TokenSequence
 from pipelinerl.inference.batch import LENGTH, STOP_TOKEN, Drawn, RunningBatch
 from pipelinerl.inference.config import EngineSettings
 from pipelinerl.inference.flat_weights import FlatParameters, Swap
+from pipelinerl.inference.kept_caches import KeptCaches
 from pipelinerl.inference.kv_cache import (
     CachePlan,
     SlotKVCache,
@@ -111,6 +115,12 @@ class SchedulerStats:
     """Received versions that waited, staged, behind pinned requests."""
     pinned_wait_s: float
     """Seconds they waited, the current wait included."""
+    prefill_tokens: int = 0
+    """Prompt tokens run through the model since the engine started (a group's shared prompt once)."""
+    reused_prompt_tokens: int = 0
+    """Prompt tokens taken from kept caches instead (`prompt_cache_key`)."""
+    kept_caches: int = 0
+    """Caches kept now for their key's next request."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,7 @@ class InferenceEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._flat = FlatParameters(self._params)
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
+        self._kept = KeptCaches(self.settings.max_running, self.settings.max_kept_caches)
         self._cache_argument = cache_argument(model)
         self._batch = RunningBatch(self.settings.max_running, self.settings.max_new_tokens, self.device)
         self._key_positions = torch.arange(self.max_model_len, device=self.device)
@@ -179,6 +190,8 @@ class InferenceEngine:
         self._decoded_rows = 0
         self._recent_steps: deque[tuple[int, float]] = deque(maxlen=64)
         self._last_swap_s = 0.0
+        self._prefill_tokens = 0
+        self._reused_tokens = 0
 
     # ---- inputs (any thread) ------------------------------------------------------------------
 
@@ -296,6 +309,9 @@ class InferenceEngine:
             last_swap_s=self._last_swap_s,
             pinned_waits=pinned_waits,
             pinned_wait_s=pinned_wait_s,
+            prefill_tokens=self._prefill_tokens,
+            reused_prompt_tokens=self._reused_tokens,
+            kept_caches=len(self._kept),
         )
 
     @torch.no_grad()
@@ -314,7 +330,11 @@ class InferenceEngine:
             start = len(self._running)
             self._running.extend(newcomers)
             self._batch.add(start, newcomers)
-            self._isolated(self._prefill, range(start, len(self._running)))
+            whole = start + sum(not s.reused for s in newcomers)  # those first: see _admit
+            if whole > start:
+                self._isolated(self._prefill, range(start, whole))
+            if whole < len(self._running):
+                self._isolated(self._extend, self._copy_kept(range(whole, len(self._running))))
         for drawn in self._batch.read(self._version):
             self._take(drawn)
         outputs += self._collect_updates()
@@ -327,6 +347,7 @@ class InferenceEngine:
             if staged is None:
                 return
             version = self._version = staged.version
+        self._kept.clear()  # computed by the weights swapped out
         started = time.perf_counter()
         copies = sum(self._flat.copy_in(swap) for swap in staged.swaps)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
@@ -354,19 +375,32 @@ class InferenceEngine:
         return outputs
 
     def _admit(self) -> list[SequenceState]:
+        """Queued requests that fit, in order, those that prefill their whole prompt first, then
+        those that take a kept cache (their kept rows taken; `_copy_kept` copies them)."""
         free_rows = self.settings.max_running - len(self._running)
         admitted: list[SequenceState] = []
         longest = 0
         with self._lock:
             while self._queue and len(admitted) < free_rows:
-                if self._queue[0].request.weight_version not in (None, self._version):
+                request = self._queue[0].request
+                if request.weight_version not in (None, self._version):
                     break  # pinned to the next version, staged after this step's swap: it waits one step
-                padded_longest = max(longest, len(self._queue[0].request.prompt_token_ids))
+                reused = self._kept.reusable(request.prompt_cache_key, request.prompt_token_ids)
+                padded_longest = max(longest, len(request.prompt_token_ids) - reused)
                 if admitted and padded_longest * (len(admitted) + 1) > self.settings.max_prefill_tokens:
                     break
-                admitted.append(self._queue.popleft())
+                sequence = self._queue.popleft()
+                sequence.admitted_version = self._version
+                if reused:
+                    sequence.reused, sequence.reused_row = (
+                        reused,
+                        self._kept.take(request.prompt_cache_key).row,
+                    )
+                elif request.prompt_cache_key:
+                    self._kept.drop(request.prompt_cache_key)  # a prompt that does not extend it
+                admitted.append(sequence)
                 longest = padded_longest
-        return admitted
+        return sorted(admitted, key=lambda s: s.reused > 0)
 
     def _isolated(self, run: Callable[[range], None], rows: range) -> None:
         """`run(rows)`; if it raises, each row again on its own, and a row that still fails ends its
@@ -445,6 +479,7 @@ class InferenceEngine:
             capacity=capacity_for(width, self.max_model_len),
             read=None,
         )
+        self._prefill_tokens += int(lengths.sum())
         logits = self._forward(input_ids, positions, allowed, plan)
         copies = [
             (computed[owner], row) for row, owner in zip(rows, owners, strict=True) if row != computed[owner]
@@ -452,6 +487,47 @@ class InferenceEngine:
         if copies:
             self._cache.copy_rows([source for source, _ in copies], [target for _, target in copies], width)
         self._batch.sample(rows, logits[owners] if len(unique) < len(rows) else logits)
+
+    def _copy_kept(self, rows: range) -> range:
+        """These newcomers' kept caches copied into their rows, in one copy per buffer."""
+        sequences = self._running[rows.start : rows.stop]
+        length = max(s.reused for s in sequences)
+        self._cache.copy_rows([s.reused_row for s in sequences], list(rows), length)
+        self._reused_tokens += sum(s.reused for s in sequences)
+        return rows
+
+    def _extend(self, rows: range) -> None:
+        """Prompts of these running rows whose first `reused` tokens are in their cache rows
+        already: the rest of each, left-padded to the longest rest, attending to the cached start
+        and to itself (causally); the cache stores the rest at its positions."""
+        sequences = self._running[rows.start : rows.stop]
+        cached = np.array([s.reused for s in sequences])
+        rests = [s.request.prompt_token_ids[s.reused :] for s in sequences]
+        lengths = np.array([len(rest) for rest in rests])
+        width = int(lengths.max())
+        pads = width - lengths
+        self._prefill_tokens += int(lengths.sum())
+        device = self.device
+        input_ids = torch.tensor([[self._pad_id] * pad + rest for pad, rest in zip(pads, rests, strict=True)])
+        columns = np.arange(width)
+        positions = np.maximum(cached[:, None] + columns[None, :] - pads[:, None], 0)
+        kv_len = int((cached + lengths).max())
+        real = torch.from_numpy(columns[None, :] >= pads[:, None]).to(device)
+        query_positions = torch.from_numpy(positions).to(device)
+        allowed = (self._key_positions[None, None, :kv_len] <= query_positions[:, :, None]) & real[:, :, None]
+        row_of = np.repeat(np.arange(len(rests)), lengths)
+        offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        index = np.stack([rows.start + row_of, cached[row_of] + offset, row_of, offset + pads[row_of]])
+        index = torch.from_numpy(index).to(device)
+        plan = CachePlan(
+            rows=index[0],
+            positions=index[1],
+            real=(index[2], index[3]),
+            capacity=capacity_for(kv_len, self.max_model_len),
+            read=(slice(rows.start, rows.stop), kv_len),
+        )
+        logits = self._forward(input_ids.to(device), query_positions, allowed[:, None], plan)
+        self._batch.sample(rows, logits)
 
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, plan: CachePlan
@@ -492,6 +568,7 @@ class InferenceEngine:
 
     def _collect_updates(self) -> list[GenerationUpdate]:
         ended, self._ended = self._ended, set()
+        self._keep(ended)
         streaming = np.flatnonzero(self._batch.streams[: len(self._running)]).tolist()
         outputs = []
         for row in sorted(ended.union(streaming)):
@@ -502,6 +579,31 @@ class InferenceEngine:
                 outputs.append(self._delta(row))
         self._release(sorted(ended))
         return outputs
+
+    def _keep(self, rows: set[int]) -> None:
+        """The caches of these ended rows whose request has a `prompt_cache_key`, copied to kept
+        rows: the prompt and completion but the last token (drawn, never fed through the model).
+        Not kept: a request aborted or failed, or one that ran across a weight swap."""
+        copies: dict[int, int] = {}  # kept row -> running row: a key kept twice keeps its last
+        length = 0
+        for row in sorted(rows):
+            sequence = self._running[row]
+            key = sequence.request.prompt_cache_key
+            if (
+                not key
+                or sequence.finish_reason is FinishReason.ABORT
+                or sequence.admitted_version != self._version
+            ):
+                continue
+            tokens = np.array(sequence.request.prompt_token_ids + self._batch.token_ids(row)[:-1])
+            kept_row = self._kept.keep(key, tokens)
+            if kept_row is None:
+                return  # none are kept
+            copies[kept_row] = row
+            length = max(length, len(tokens))
+        if copies:
+            self._cache.add_rows(self._kept.first_row + self._kept.rows)
+            self._cache.copy_rows(list(copies.values()), list(copies), length)
 
     def _delta(self, row: int) -> GenerationUpdate:
         """The row's tokens not yet handed out, as a non-final update."""

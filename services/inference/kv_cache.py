@@ -77,6 +77,14 @@ class SlotKVCache(Cache):
     def plan(self, plan: CachePlan) -> None:
         self._plan = plan
 
+    def add_rows(self, max_rows: int) -> None:
+        """Room for `max_rows` rows from now on; the rows written so far keep their contents."""
+        if max_rows <= self.max_rows:
+            return
+        self.max_rows = max_rows
+        for layer in self._slots:
+            layer.add_rows(max_rows)
+
     def copy_rows(self, sources: list[int], targets: list[int], length: int) -> None:
         """Each row of `targets` gets the first `length` positions of the row of `sources` at the
         same index (a shared prompt, or a row moving into a hole), in one copy per buffer. Positions
@@ -122,6 +130,11 @@ class _SlotLayer(CacheLayerMixin):
         self.keys[target, :, :length] = self.keys[source, :, :length]
         self.values[target, :, :length] = self.values[source, :, :length]
 
+    def add_rows(self, max_rows: int) -> None:
+        if self.keys is None or self.values is None:
+            return  # allocated at the first write, with the owner's max_rows
+        self.keys, self.values = _more_rows(self.keys, max_rows), _more_rows(self.values, max_rows)
+
     def _initialize(
         self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,4 +168,10 @@ def _real_tokens(states: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] |
 def _grow(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
     grown = buffer.new_zeros(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
     grown[:, :, : buffer.shape[2]] = buffer
+    return grown
+
+
+def _more_rows(buffer: torch.Tensor, rows: int) -> torch.Tensor:
+    grown = buffer.new_zeros(rows, *buffer.shape[1:])
+    grown[: buffer.shape[0]] = buffer
     return grown

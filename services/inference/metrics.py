@@ -33,6 +33,9 @@ GAUGES = {
     "tokens_per_second": "Tokens generated per second over the recent decode steps.",
     "weight_version": "Weight version served (-1 until the trainer's first has landed).",
 }
+KEPT_GAUGES = {
+    "kept_caches": "KV caches kept for their episode's next turn (prompt_cache_key); built-in engine only."
+}
 COUNTERS = {
     "weight_updates": "Weight versions received, checked and swapped in (or staged behind pinned requests).",
     "weight_update_failures": "Versions that could not be had (the old weights were kept).",
@@ -46,6 +49,8 @@ PINNED_COUNTERS = {
 BATCH_COUNTERS = {
     "decode_steps": "Decode steps (one forward over the running batch each); built-in engine only.",
     "decoded_rows": "Running sequences summed over the decode steps (over decode_steps: the mean occupancy).",
+    "prefill_tokens": "Prompt tokens run through the model (a prompt shared by a group once).",
+    "reused_prompt_tokens": "Prompt tokens taken from KV caches kept between turns instead of prefilled.",
 }
 
 
@@ -106,8 +111,14 @@ class InferenceMetrics:
                          "weight_pinned_wait_seconds": status.pinned_wait_s}  # fmt: skip
                 yield from counters(PREFIX, PINNED_COUNTERS, waits)
             if status.decode_steps is not None and status.decoded_rows is not None:
-                steps = {"decode_steps": status.decode_steps, "decoded_rows": status.decoded_rows}
+                steps = {
+                    "decode_steps": status.decode_steps,
+                    "decoded_rows": status.decoded_rows,
+                    "prefill_tokens": status.prefill_tokens or 0,
+                    "reused_prompt_tokens": status.reused_prompt_tokens or 0,
+                }
                 yield from counters(PREFIX, BATCH_COUNTERS, steps)
+                yield from gauges(PREFIX, KEPT_GAUGES, {"kept_caches": status.kept_caches or 0})
             if receiver is not None:
                 yield from _receiver_counters(receiver)
 

@@ -147,6 +147,9 @@ class EngineRunner:
             decoded_rows=stats.decoded_rows,
             pinned_waits=stats.pinned_waits,
             pinned_wait_s=stats.pinned_wait_s,
+            prefill_tokens=stats.prefill_tokens,
+            reused_prompt_tokens=stats.reused_prompt_tokens,
+            kept_caches=stats.kept_caches,
         )
 
     def _run(self) -> None:

@@ -28,6 +28,12 @@ class SequenceState:
     finish_reason: FinishReason | None = None
     error: str | None = None
     """Why the engine could not continue it (it then finishes with `abort`)."""
+    reused: int = 0
+    """Prompt tokens whose cache it takes from a kept one (`kept_caches`) instead of prefilling."""
+    reused_row: int = -1
+    """The slot-cache row of that kept cache, copied into its own row before its prefill."""
+    admitted_version: int = -1
+    """The weight version it was admitted under: its cache is kept only if no swap came since."""
 
     @classmethod
     def start(

@@ -26,6 +26,9 @@ class GenerationRequest:
     """Generate every token with exactly this weight version (`pipelinerl.inference.pinning`):
     admitted only while the engine holds it, which then swaps in no other until the request ends.
     None: any version."""
+    prompt_cache_key: str = ""
+    """Keep the request's KV cache when it finishes, for the next request with this key whose
+    prompt extends this one's prompt and completion (`Submission.prompt_cache_key`); "": none."""
 
 
 @dataclass
@@ -100,6 +103,12 @@ class InferenceStatus:
     status read over gRPC, which does not carry it)."""
     pinned_wait_s: float | None = None
     """Seconds they waited, the current wait included."""
+    prefill_tokens: int | None = None
+    """Prompt tokens run through the model since the engine started; None where not counted (vLLM)."""
+    reused_prompt_tokens: int | None = None
+    """Prompt tokens taken from caches kept between turns (`prompt_cache_key`) instead."""
+    kept_caches: int | None = None
+    """Caches kept now for their key's next request."""
 
 
 class InferenceBackend(Protocol):

@@ -15,6 +15,8 @@ from pipelinerl.common.errors import InvalidArgument
 from pipelinerl.common.sampling import check_sampling
 from pipelinerl.inference.types import GenerationRequest, Limits
 
+MAX_CACHE_KEY_BYTES = 128
+
 if TYPE_CHECKING:  # annotations only: the checks need neither at run time
     import torch
     from transformers import PreTrainedTokenizerBase
@@ -29,6 +31,8 @@ def check_request(
         raise InvalidArgument.field("request_id", "must not be empty")
     if request.weight_version is not None and request.weight_version < 0:
         raise InvalidArgument.field("weight_version", f"{request.weight_version} is negative")
+    if len(request.prompt_cache_key.encode()) > MAX_CACHE_KEY_BYTES:
+        raise InvalidArgument.field("prompt_cache_key", f"at most {MAX_CACHE_KEY_BYTES} bytes")
     prompt = request.prompt_token_ids
     if not prompt:
         raise InvalidArgument.field("prompt_token_ids", "must not be empty")

@@ -230,6 +230,20 @@ async def test_capacity_and_status_advertise_the_model_a_client_tokenizes_for(re
             )
 
 
+async def test_the_next_turn_of_an_episode_takes_its_kept_cache_over_grpc(real_engine_server) -> None:
+    opening, sampling = [1, 10, 11, 12], SamplingParams(max_new_tokens=6, seed=3)
+    async with InferenceClient(real_engine_server.address) as client, client.session() as session:
+        first = await session.generate(GenerationRequest("e-t1", opening, sampling, prompt_cache_key="e"))
+        prompt = opening + first.tokens.token_ids + [13, 14]  # the next turn: the reply appended
+        second = await session.generate(GenerationRequest("e-t2", prompt, sampling, prompt_cache_key="e"))
+        fresh = await session.generate(GenerationRequest("fresh", prompt, sampling))
+    # Everything but the reply and the last sampled token (never fed through the model) was reused.
+    reused = real_engine_server.registry.get_sample_value("pipelinerl_inference_reused_prompt_tokens_total")
+    assert reused == len(opening) + len(first.tokens) - 1
+    assert second.tokens.token_ids == fresh.tokens.token_ids
+    assert second.tokens.logprobs == pytest.approx(fresh.tokens.logprobs, abs=1e-4)
+
+
 async def test_an_engine_whose_loop_died_reports_not_serving(
     real_engine_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -84,11 +84,24 @@ EXPOSITION = """# HELP pipelinerl_inference_decode_steps_total Decode steps.
 pipelinerl_inference_decode_steps_total 120.0
 pipelinerl_inference_decoded_rows_total 3000.0
 pipelinerl_inference_generated_tokens_total 2999.0
+pipelinerl_inference_prefill_tokens_total 700.0
+pipelinerl_inference_reused_prompt_tokens_total 300.0
 """
 
 
 def test_counters_are_read_from_an_exposition() -> None:
-    assert read_counters(EXPOSITION) == (120, 3000)
+    assert read_counters(EXPOSITION) == {
+        "decode_steps": 120,
+        "decoded_rows": 3000,
+        "prefill_tokens": 700,
+        "reused_prompt_tokens": 300,
+    }
+    assert read_counters("pipelinerl_inference_decode_steps_total 5.0\n") == {
+        "decode_steps": 5,
+        "decoded_rows": 0,
+        "prefill_tokens": 0,
+        "reused_prompt_tokens": 0,
+    }
     assert read_counters("pipelinerl_inference_running_sequences 3.0\n") is None
 
 
@@ -120,6 +133,8 @@ def test_the_sampler_reads_the_run_inference_servers_and_writes_its_series(tmp_p
         server.server_close()
     recorded = read_occupancy(tmp_path)
     assert len(recorded) >= 2 and {(steps, rows) for _, steps, rows in recorded} == {(120, 3000)}
+    lines = [json.loads(line) for line in (tmp_path / "occupancy.jsonl").read_text().splitlines()]
+    assert {(line["prefill_tokens"], line["reused_prompt_tokens"]) for line in lines} == {(700, 300)}
 
 
 @pytest.mark.parametrize("missing", [True, False])

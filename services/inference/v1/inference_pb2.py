@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from pipelinerl.common.v1 import common_pb2 as pipelinerl_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'pipelinerl/inference/v1/inference.proto\x12\x17pipelinerl.inference.v1\x1a\x17google/rpc/status.proto\x1a!pipelinerl/common/v1/common.proto\"\xcd\x01\n\x0fGenerateRequest\x12\x35\n\x06submit\x18\x01 \x01(\x0b\x32#.pipelinerl.inference.v1.SubmissionH\x00\x12\x37\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32%.pipelinerl.inference.v1.CancellationH\x00\x12@\n\x0csubmit_batch\x18\x03 \x01(\x0b\x32(.pipelinerl.inference.v1.SubmissionBatchH\x00\x42\x08\n\x06\x61\x63tion\"K\n\x0fSubmissionBatch\x12\x38\n\x0bsubmissions\x18\x01 \x03(\x0b\x32#.pipelinerl.inference.v1.Submission\"\xbb\x02\n\nSubmission\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x03 \x01(\t\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.pipelinerl.common.v1.SamplingParams\x12\x15\n\rstream_tokens\x18\x05 \x01(\x08\x12=\n\x05trace\x18\x06 \x03(\x0b\x32..pipelinerl.inference.v1.Submission.TraceEntry\x12\x1b\n\x0eweight_version\x18\x07 \x01(\x03H\x00\x88\x01\x01\x1a,\n\nTraceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_weight_version\"\"\n\x0c\x43\x61ncellation\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xbc\x02\n\x10GenerateResponse\x12\x35\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32!.pipelinerl.inference.v1.CapacityH\x00\x12\x34\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32#.pipelinerl.inference.v1.TokenDeltaH\x00\x12\x39\n\ncompletion\x18\x03 \x01(\x0b\x32#.pipelinerl.inference.v1.CompletionH\x00\x12\x36\n\x05\x65rror\x18\x04 \x01(\x0b\x32%.pipelinerl.inference.v1.RequestErrorH\x00\x12?\n\x0b\x63ompletions\x18\x05 \x01(\x0b\x32(.pipelinerl.inference.v1.CompletionBatchH\x00\x42\x07\n\x05\x65vent\"K\n\x0f\x43ompletionBatch\x12\x38\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32#.pipelinerl.inference.v1.Completion\"\x9f\x01\n\x08\x43\x61pacity\x12\x15\n\rmax_in_flight\x18\x01 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12\x36\n\nmodel_info\x18\x04 \x01(\x0b\x32\".pipelinerl.inference.v1.ModelInfo\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x05 \x01(\x08\"\xca\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x19\n\x0cpad_token_id\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0c\x62os_token_id\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\ttokenizer\x18\x06 \x01(\t\x12\x18\n\x10tokenizer_sha256\x18\x07 \x01(\tB\x0f\n\r_pad_token_idB\x0f\n\r_bos_token_id\"U\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x33\n\x06tokens\x18\x02 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\"\xbc\x01\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\ncompletion\x18\x03 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".pipelinerl.common.v1.FinishReason\"F\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"\x12\n\x10GetStatusRequest\"\xaa\x02\n\x11GetStatusResponse\x12;\n\x0eweight_version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x13\n\x0bmax_running\x18\x05 \x01(\x05\x12\x16\n\x0eweight_updates\x18\x06 \x01(\x03\x12\x1d\n\x15\x66\x61iled_weight_updates\x18\x07 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x36\n\nmodel_info\x18\n \x01(\x0b\x32\".pipelinerl.inference.v1.ModelInfo2\xdb\x01\n\x10InferenceService\x12\x63\n\x08Generate\x12(.pipelinerl.inference.v1.GenerateRequest\x1a).pipelinerl.inference.v1.GenerateResponse(\x01\x30\x01\x12\x62\n\tGetStatus\x12).pipelinerl.inference.v1.GetStatusRequest\x1a*.pipelinerl.inference.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'pipelinerl/inference/v1/inference.proto\x12\x17pipelinerl.inference.v1\x1a\x17google/rpc/status.proto\x1a!pipelinerl/common/v1/common.proto\"\xcd\x01\n\x0fGenerateRequest\x12\x35\n\x06submit\x18\x01 \x01(\x0b\x32#.pipelinerl.inference.v1.SubmissionH\x00\x12\x37\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32%.pipelinerl.inference.v1.CancellationH\x00\x12@\n\x0csubmit_batch\x18\x03 \x01(\x0b\x32(.pipelinerl.inference.v1.SubmissionBatchH\x00\x42\x08\n\x06\x61\x63tion\"K\n\x0fSubmissionBatch\x12\x38\n\x0bsubmissions\x18\x01 \x03(\x0b\x32#.pipelinerl.inference.v1.Submission\"\xd5\x02\n\nSubmission\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x03 \x01(\t\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.pipelinerl.common.v1.SamplingParams\x12\x15\n\rstream_tokens\x18\x05 \x01(\x08\x12=\n\x05trace\x18\x06 \x03(\x0b\x32..pipelinerl.inference.v1.Submission.TraceEntry\x12\x1b\n\x0eweight_version\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10prompt_cache_key\x18\x08 \x01(\t\x1a,\n\nTraceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_weight_version\"\"\n\x0c\x43\x61ncellation\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xbc\x02\n\x10GenerateResponse\x12\x35\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32!.pipelinerl.inference.v1.CapacityH\x00\x12\x34\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32#.pipelinerl.inference.v1.TokenDeltaH\x00\x12\x39\n\ncompletion\x18\x03 \x01(\x0b\x32#.pipelinerl.inference.v1.CompletionH\x00\x12\x36\n\x05\x65rror\x18\x04 \x01(\x0b\x32%.pipelinerl.inference.v1.RequestErrorH\x00\x12?\n\x0b\x63ompletions\x18\x05 \x01(\x0b\x32(.pipelinerl.inference.v1.CompletionBatchH\x00\x42\x07\n\x05\x65vent\"K\n\x0f\x43ompletionBatch\x12\x38\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32#.pipelinerl.inference.v1.Completion\"\x9f\x01\n\x08\x43\x61pacity\x12\x15\n\rmax_in_flight\x18\x01 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12\x36\n\nmodel_info\x18\x04 \x01(\x0b\x32\".pipelinerl.inference.v1.ModelInfo\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x05 \x01(\x08\"\xca\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x19\n\x0cpad_token_id\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0c\x62os_token_id\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\ttokenizer\x18\x06 \x01(\t\x12\x18\n\x10tokenizer_sha256\x18\x07 \x01(\tB\x0f\n\r_pad_token_idB\x0f\n\r_bos_token_id\"U\n\nTokenDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x33\n\x06tokens\x18\x02 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\"\xbc\x01\n\nCompletion\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x37\n\ncompletion\x18\x03 \x01(\x0b\x32#.pipelinerl.common.v1.TokenSequence\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".pipelinerl.common.v1.FinishReason\"F\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x06status\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"\x12\n\x10GetStatusRequest\"\xaa\x02\n\x11GetStatusResponse\x12;\n\x0eweight_version\x18\x01 \x01(\x0b\x32#.pipelinerl.common.v1.WeightVersion\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x13\n\x0bmax_running\x18\x05 \x01(\x05\x12\x16\n\x0eweight_updates\x18\x06 \x01(\x03\x12\x1d\n\x15\x66\x61iled_weight_updates\x18\x07 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x36\n\nmodel_info\x18\n \x01(\x0b\x32\".pipelinerl.inference.v1.ModelInfo2\xdb\x01\n\x10InferenceService\x12\x63\n\x08Generate\x12(.pipelinerl.inference.v1.GenerateRequest\x1a).pipelinerl.inference.v1.GenerateResponse(\x01\x30\x01\x12\x62\n\tGetStatus\x12).pipelinerl.inference.v1.GetStatusRequest\x1a*.pipelinerl.inference.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,29 +40,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMISSIONBATCH']._serialized_start=336
   _globals['_SUBMISSIONBATCH']._serialized_end=411
   _globals['_SUBMISSION']._serialized_start=414
-  _globals['_SUBMISSION']._serialized_end=729
-  _globals['_SUBMISSION_TRACEENTRY']._serialized_start=666
-  _globals['_SUBMISSION_TRACEENTRY']._serialized_end=710
-  _globals['_CANCELLATION']._serialized_start=731
-  _globals['_CANCELLATION']._serialized_end=765
-  _globals['_GENERATERESPONSE']._serialized_start=768
-  _globals['_GENERATERESPONSE']._serialized_end=1084
-  _globals['_COMPLETIONBATCH']._serialized_start=1086
-  _globals['_COMPLETIONBATCH']._serialized_end=1161
-  _globals['_CAPACITY']._serialized_start=1164
-  _globals['_CAPACITY']._serialized_end=1323
-  _globals['_MODELINFO']._serialized_start=1326
-  _globals['_MODELINFO']._serialized_end=1528
-  _globals['_TOKENDELTA']._serialized_start=1530
-  _globals['_TOKENDELTA']._serialized_end=1615
-  _globals['_COMPLETION']._serialized_start=1618
-  _globals['_COMPLETION']._serialized_end=1806
-  _globals['_REQUESTERROR']._serialized_start=1808
-  _globals['_REQUESTERROR']._serialized_end=1878
-  _globals['_GETSTATUSREQUEST']._serialized_start=1880
-  _globals['_GETSTATUSREQUEST']._serialized_end=1898
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1901
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2199
-  _globals['_INFERENCESERVICE']._serialized_start=2202
-  _globals['_INFERENCESERVICE']._serialized_end=2421
+  _globals['_SUBMISSION']._serialized_end=755
+  _globals['_SUBMISSION_TRACEENTRY']._serialized_start=692
+  _globals['_SUBMISSION_TRACEENTRY']._serialized_end=736
+  _globals['_CANCELLATION']._serialized_start=757
+  _globals['_CANCELLATION']._serialized_end=791
+  _globals['_GENERATERESPONSE']._serialized_start=794
+  _globals['_GENERATERESPONSE']._serialized_end=1110
+  _globals['_COMPLETIONBATCH']._serialized_start=1112
+  _globals['_COMPLETIONBATCH']._serialized_end=1187
+  _globals['_CAPACITY']._serialized_start=1190
+  _globals['_CAPACITY']._serialized_end=1349
+  _globals['_MODELINFO']._serialized_start=1352
+  _globals['_MODELINFO']._serialized_end=1554
+  _globals['_TOKENDELTA']._serialized_start=1556
+  _globals['_TOKENDELTA']._serialized_end=1641
+  _globals['_COMPLETION']._serialized_start=1644
+  _globals['_COMPLETION']._serialized_end=1832
+  _globals['_REQUESTERROR']._serialized_start=1834
+  _globals['_REQUESTERROR']._serialized_end=1904
+  _globals['_GETSTATUSREQUEST']._serialized_start=1906
+  _globals['_GETSTATUSREQUEST']._serialized_end=1924
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1927
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2225
+  _globals['_INFERENCESERVICE']._serialized_start=2228
+  _globals['_INFERENCESERVICE']._serialized_end=2447
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ class SubmissionBatch(_message.Message):
     def __init__(self, submissions: _Optional[_Iterable[_Union[Submission, _Mapping]]] = ...) -> None: ...
 
 class Submission(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling", "stream_tokens", "trace", "weight_version")
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling", "stream_tokens", "trace", "weight_version", "prompt_cache_key")
     class TraceEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Submission(_message.Message):
     STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
@@ -47,7 +48,8 @@ class Submission(_message.Message):
     stream_tokens: bool
     trace: _containers.ScalarMap[str, str]
     weight_version: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stream_tokens: _Optional[bool] = ..., trace: _Optional[_Mapping[str, str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    prompt_cache_key: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stream_tokens: _Optional[bool] = ..., trace: _Optional[_Mapping[str, str]] = ..., weight_version: _Optional[int] = ..., prompt_cache_key: _Optional[str] = ...) -> None: ...
 
 class Cancellation(_message.Message):
     __slots__ = ("request_id",)

@@ -1,0 +1,87 @@
+"""KV caches the built-in engine keeps between the turns of an episode (`prompt_cache_key`).
+
+A request that finishes with a key leaves its cache in a row of the slot cache past the running
+rows, with the tokens that row holds: its prompt and completion but the last token, which was
+drawn and never fed through the model. The next request with that key whose prompt starts with
+those tokens takes the row's cache and prefills only the rest of its prompt: the environment's
+reply and the next turn's opener, instead of the whole history again.
+
+    finished with a key ──► keep(key, tokens) ──► a free row, else the key's own, else the
+                                                  least recently kept one's
+    admitted with a key ──► take(key, prompt) ──► the kept row when the prompt starts with its
+                                                  tokens and goes beyond them; dropped otherwise
+    weights swapped ──────► clear()             every kept row is freed
+
+Only a cache computed wholly by the weights the engine holds is kept or taken (the engine keeps
+none that ran across a swap, and a swap clears them): a prompt then gets the keys and values a
+fresh prefill would compute, up to float rounding, as the vLLM engine's prefix cache salted with
+the version does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A kept cache: its row in the slot cache and the tokens its first positions hold."""
+
+    row: int
+    tokens: np.ndarray
+
+
+class KeptCaches:
+    """Up to `rows` kept caches in the slot cache's rows first_row, first_row + 1, ...; touched by
+    the engine's step thread only."""
+
+    def __init__(self, first_row: int, rows: int) -> None:
+        self.first_row, self.rows = first_row, rows
+        self._free = list(range(first_row + rows - 1, first_row - 1, -1))
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self.evicted = 0
+        """Kept caches dropped for want of a row before their key came back."""
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, key: str, tokens: np.ndarray) -> int | None:
+        """The row to copy the cache of `tokens` into, now kept under `key`; None when none are kept."""
+        if key in self._kept:
+            row = self._kept.pop(key).row
+        elif self._free:
+            row = self._free.pop()
+        elif self._kept:
+            row = self._kept.popitem(last=False)[1].row
+            self.evicted += 1
+        else:
+            return None
+        self._kept[key] = Kept(row, tokens)
+        return row
+
+    def reusable(self, key: str, prompt: list[int]) -> int:
+        """How many leading tokens of `prompt` the cache kept under `key` holds: all its tokens
+        when the prompt starts with them and has more, else 0."""
+        kept = self._kept.get(key) if key else None
+        if kept is None or len(kept.tokens) >= len(prompt):
+            return 0
+        return len(kept.tokens) if np.array_equal(kept.tokens, prompt[: len(kept.tokens)]) else 0
+
+    def take(self, key: str) -> Kept:
+        """The cache kept under `key`, no longer kept: its row is free again once the caller has
+        copied it, which must happen before the next `keep`."""
+        kept = self._kept.pop(key)
+        self._free.append(kept.row)
+        return kept
+
+    def drop(self, key: str) -> None:
+        """Forget the cache kept under `key`, if any (its next prompt did not extend it)."""
+        if (kept := self._kept.pop(key, None)) is not None:
+            self._free.append(kept.row)
+
+    def clear(self) -> None:
+        self._free.extend(kept.row for kept in self._kept.values())
+        self._kept.clear()
