@@ -464,21 +464,8 @@ class InferenceEngine:
         positions = (columns[None, :] - starts[:, None]).clamp(min=0)
         causal = columns[None, :] <= columns[:, None]
         allowed = (causal[None, :, :] & real[:, None, :])[:, None]
-        # Where each real token goes, from the prompts' lengths on the host: a boolean index of
-        # `real` would make the host wait for the device.
         lengths = np.array([len(prompt) for prompt in prompts])
-        prompt_of = np.repeat(np.arange(len(prompts)), lengths)
-        position = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        column = position + (width - lengths)[prompt_of]
-        index = np.stack([np.asarray(computed)[prompt_of], position, prompt_of, column])
-        index = torch.from_numpy(index).to(device)
-        plan = CachePlan(
-            rows=index[0],
-            positions=index[1],
-            real=(index[2], index[3]),
-            capacity=capacity_for(width, self.max_model_len),
-            read=None,
-        )
+        plan = self._write_plan(np.asarray(computed), lengths, np.zeros_like(lengths), width, None)
         self._prefill_tokens += int(lengths.sum())
         logits = self._forward(input_ids, positions, allowed, plan)
         copies = [
@@ -515,19 +502,37 @@ class InferenceEngine:
         real = torch.from_numpy(columns[None, :] >= pads[:, None]).to(device)
         query_positions = torch.from_numpy(positions).to(device)
         allowed = (self._key_positions[None, None, :kv_len] <= query_positions[:, :, None]) & real[:, :, None]
-        row_of = np.repeat(np.arange(len(rests)), lengths)
+        read = (slice(rows.start, rows.stop), kv_len)
+        plan = self._write_plan(np.arange(rows.start, rows.stop), lengths, cached, width, read)
+        logits = self._forward(input_ids.to(device), query_positions, allowed[:, None], plan)
+        self._batch.sample(rows, logits)
+
+    def _write_plan(
+        self,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        first: np.ndarray,
+        width: int,
+        read: tuple[slice, int] | None,
+    ) -> CachePlan:
+        """The plan of a forward over left-padded inputs of `width` columns: input i holds
+        `lengths[i]` real tokens, for cache row `rows[i]` from position `first[i]` on. Worked out
+        from the lengths on the host: a boolean index of the real columns would make the host wait
+        for the device."""
+        input_of = np.repeat(np.arange(len(lengths)), lengths)
         offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        index = np.stack([rows.start + row_of, cached[row_of] + offset, row_of, offset + pads[row_of]])
-        index = torch.from_numpy(index).to(device)
-        plan = CachePlan(
+        index = np.stack(
+            [rows[input_of], first[input_of] + offset, input_of, offset + (width - lengths)[input_of]]
+        )
+        index = torch.from_numpy(index).to(self.device)
+        end = width if read is None else read[1]
+        return CachePlan(
             rows=index[0],
             positions=index[1],
             real=(index[2], index[3]),
-            capacity=capacity_for(kv_len, self.max_model_len),
-            read=(slice(rows.start, rows.stop), kv_len),
+            capacity=capacity_for(end, self.max_model_len),
+            read=read,
         )
-        logits = self._forward(input_ids.to(device), query_positions, allowed[:, None], plan)
-        self._batch.sample(rows, logits)
 
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, plan: CachePlan

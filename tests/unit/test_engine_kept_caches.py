@@ -170,7 +170,20 @@ def _run(engine: InferenceEngine) -> dict[str, GenerationUpdate]:
 
 def test_the_benchmark_draws_the_same_tokens_both_ways_and_prefills_less_with_kept_caches() -> None:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "turn_cache.py"
-    args = ["--episodes", "3", "--turns", "3", "--opening", "8", "--new", "4", "--reply", "2", "--repeats", "1"]
+    args = [
+        "--episodes",
+        "3",
+        "--turns",
+        "3",
+        "--opening",
+        "8",
+        "--new",
+        "4",
+        "--reply",
+        "2",
+        "--repeats",
+        "1",
+    ]
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
