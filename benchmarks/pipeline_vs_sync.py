@@ -27,11 +27,12 @@ and HIGH seconds (`benchmarks/slow_environment.py`), as real tools do; the wait 
 pipeline can fill it with generation and training while the sync baseline cannot. The figures then
 add `environment`, `step_latency_s`, and per run `turns_mean_<run>`, `step_seconds_mean_<run>`,
 `episodes_in_flight_<run>` (the mean over the run of the episodes its environment replicas held,
-sampled every second from `pipelinerl_environment_episodes_active`), `prefill_tokens_per_episode_<run>`
-(the prompt tokens its episodes' turns asked for, the coordinator's mean over the last 256),
+sampled every second from `pipelinerl_environment_episodes_active`),
 `server_prefill_tokens_per_episode_<run>` (the prompt tokens its inference servers ran through the
-model, over the episodes played: a group's shared opening counts once, and a turn that took the
-cache kept from the episode's last turn counts only what it added) and `reused_prompt_share_<run>`
+model over the episodes played: a group's shared opening counts once, and a turn that took the
+cache kept from the episode's last turn counts only what it added; the coordinator's
+`prefill_tokens_mean`, what the turns asked for, is a mean over the last 256 episodes, not
+comparable) and `reused_prompt_share_<run>`
 (prompt tokens taken from kept caches over all prompt tokens the servers had, from
 `pipelinerl_inference_prefill_tokens_total` and `pipelinerl_inference_reused_prompt_tokens_total`).
 
@@ -430,7 +431,6 @@ def episode_figures(out: Path, runs: dict[str, RunResult]) -> dict[str, object]:
         if prompts and last.get("episodes"):
             prefilled, reused = prompts["prefill_tokens"], prompts["reused_prompt_tokens"]
             figures[f"server_prefill_tokens_per_episode_{name}"] = round(prefilled / last["episodes"], 1)
-            figures[f"prefill_tokens_per_episode_{name}"] = round(last.get("prefill_tokens_mean", 0.0), 1)
             figures[f"reused_prompt_share_{name}"] = (
                 round(reused / (prefilled + reused), 3) if prefilled else None
             )

@@ -50,11 +50,18 @@ class EngineSettings(BaseModel):
     max_prefill_tokens: int = Field(default=8192, ge=1)
     """Built-in only: padded prompt tokens prefilled in one step, so newcomers stall the running
     batch only briefly; a single prompt is always admitted."""
-    max_kept_caches: int = Field(default=64, ge=0)
+    max_kept_caches: int | None = Field(default=None, ge=0)
     """Built-in only: KV caches kept after their request for the next turn of the same episode
     (`prompt_cache_key`), which then prefills only what the turn added. Each takes a row of the
     slot cache, as much memory as a running sequence, allocated at the first one kept; the least
-    recently kept goes first. 0 keeps none."""
+    recently kept goes first. Unset: `max_running` (every running episode's next turn, while its
+    environment steps); 0 keeps none."""
+    kept_cache_max_lag: int = Field(default=0, ge=0)
+    """Built-in only: how many weight versions behind the held one a kept cache's oldest keys and
+    values may be. 0: only caches computed wholly by the held weights are reused (a turn's prompt
+    is what a fresh prefill would compute); above 0 the next turn continues on older ones, as a
+    sequence running across an update does, and reuse survives the updates between an episode's
+    turns. Requests pinned to a version reuse only caches of that version."""
     kv_cache_gib: float = Field(default=1.0, gt=0)
     """vLLM only: size of its KV cache in GiB."""
     ignore_eos: bool = False

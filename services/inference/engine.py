@@ -166,7 +166,10 @@ class InferenceEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._flat = FlatParameters(self._params)
         self._cache = SlotKVCache(model.config.num_hidden_layers, self.settings.max_running)
-        self._kept = KeptCaches(self.settings.max_running, self.settings.max_kept_caches)
+        kept = self.settings.max_kept_caches
+        self._kept = KeptCaches(
+            self.settings.max_running, self.settings.max_running if kept is None else kept
+        )
         self._cache_argument = cache_argument(model)
         self._batch = RunningBatch(self.settings.max_running, self.settings.max_new_tokens, self.device)
         self._key_positions = torch.arange(self.max_model_len, device=self.device)
@@ -347,7 +350,7 @@ class InferenceEngine:
             if staged is None:
                 return
             version = self._version = staged.version
-        self._kept.clear()  # computed by the weights swapped out
+        self._kept.drop_older(version - self.settings.kept_cache_max_lag)
         started = time.perf_counter()
         copies = sum(self._flat.copy_in(swap) for swap in staged.swaps)
         del staged  # the last reference to the received buffers: freeing them is part of the hold-up
@@ -385,16 +388,21 @@ class InferenceEngine:
                 request = self._queue[0].request
                 if request.weight_version not in (None, self._version):
                     break  # pinned to the next version, staged after this step's swap: it waits one step
-                reused = self._kept.reusable(request.prompt_cache_key, request.prompt_token_ids)
+                lag = self.settings.kept_cache_max_lag if request.weight_version is None else 0
+                reused = self._kept.reusable(
+                    request.prompt_cache_key, request.prompt_token_ids, self._version - lag
+                )
                 padded_longest = max(longest, len(request.prompt_token_ids) - reused)
                 if admitted and padded_longest * (len(admitted) + 1) > self.settings.max_prefill_tokens:
                     break
                 sequence = self._queue.popleft()
-                sequence.admitted_version = self._version
+                sequence.cache_version = self._version
                 if reused:
-                    sequence.reused, sequence.reused_row = (
+                    kept = self._kept.take(request.prompt_cache_key)
+                    sequence.reused, sequence.reused_row, sequence.cache_version = (
                         reused,
-                        self._kept.take(request.prompt_cache_key).row,
+                        kept.row,
+                        kept.version,
                     )
                 elif request.prompt_cache_key:
                     self._kept.drop(request.prompt_cache_key)  # a prompt that does not extend it
@@ -588,20 +596,18 @@ class InferenceEngine:
     def _keep(self, rows: set[int]) -> None:
         """The caches of these ended rows whose request has a `prompt_cache_key`, copied to kept
         rows: the prompt and completion but the last token (drawn, never fed through the model).
-        Not kept: a request aborted or failed, or one that ran across a weight swap."""
+        Not kept: a request aborted or failed, or one whose cache is older than
+        `kept_cache_max_lag` allows (with 0: one that ran across a weight swap)."""
         copies: dict[int, int] = {}  # kept row -> running row: a key kept twice keeps its last
         length = 0
         for row in sorted(rows):
             sequence = self._running[row]
             key = sequence.request.prompt_cache_key
-            if (
-                not key
-                or sequence.finish_reason is FinishReason.ABORT
-                or sequence.admitted_version != self._version
-            ):
+            too_old = sequence.cache_version < self._version - self.settings.kept_cache_max_lag
+            if not key or sequence.finish_reason is FinishReason.ABORT or too_old:
                 continue
             tokens = np.array(sequence.request.prompt_token_ids + self._batch.token_ids(row)[:-1])
-            kept_row = self._kept.keep(key, tokens)
+            kept_row = self._kept.keep(key, tokens, sequence.cache_version)
             if kept_row is None:
                 return  # none are kept
             copies[kept_row] = row

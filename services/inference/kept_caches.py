@@ -6,16 +6,19 @@ drawn and never fed through the model. The next request with that key whose prom
 those tokens takes the row's cache and prefills only the rest of its prompt: the environment's
 reply and the next turn's opener, instead of the whole history again.
 
-    finished with a key ──► keep(key, tokens) ──► a free row, else the key's own, else the
-                                                  least recently kept one's
-    admitted with a key ──► take(key, prompt) ──► the kept row when the prompt starts with its
-                                                  tokens and goes beyond them; dropped otherwise
-    weights swapped ──────► clear()             every kept row is freed
+    finished with a key ──► keep(key, tokens, version) ──► a free row, else the key's own, else
+                                                           the least recently kept one's
+    admitted with a key ──► reusable(key, prompt, oldest) ─► how much of the prompt it holds: all its
+                            take(key)                        tokens when the prompt starts with them
+                                                             and goes beyond, and it is not older
+    weights swapped ──────► drop_older(oldest)             rows of caches now too old are freed
 
-Only a cache computed wholly by the weights the engine holds is kept or taken (the engine keeps
-none that ran across a swap, and a swap clears them): a prompt then gets the keys and values a
-fresh prefill would compute, up to float rounding, as the vLLM engine's prefix cache salted with
-the version does.
+A cache's `version` is the oldest weight version among its keys and values. The engine's
+`kept_cache_max_lag` (0 by default) is how far behind the weights it holds that may be: at 0 a
+cache is kept only if no swap came while its request ran and a swap drops them all, so a prompt
+gets the keys and values a fresh prefill would compute, up to float rounding, as the vLLM engine's
+prefix cache salted with the version does; above 0 the next turn continues on older keys and
+values, as a sequence that runs across an update does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class Kept:
 
     row: int
     tokens: np.ndarray
+    version: int
+    """The oldest weight version among its keys and values."""
 
 
 class KeptCaches:
@@ -48,7 +53,7 @@ class KeptCaches:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def keep(self, key: str, tokens: np.ndarray) -> int | None:
+    def keep(self, key: str, tokens: np.ndarray, version: int) -> int | None:
         """The row to copy the cache of `tokens` into, now kept under `key`; None when none are kept."""
         if key in self._kept:
             row = self._kept.pop(key).row
@@ -59,14 +64,15 @@ class KeptCaches:
             self.evicted += 1
         else:
             return None
-        self._kept[key] = Kept(row, tokens)
+        self._kept[key] = Kept(row, tokens, version)
         return row
 
-    def reusable(self, key: str, prompt: list[int]) -> int:
+    def reusable(self, key: str, prompt: list[int], oldest: int) -> int:
         """How many leading tokens of `prompt` the cache kept under `key` holds: all its tokens
-        when the prompt starts with them and has more, else 0."""
+        when the prompt starts with them and has more and the cache is of version `oldest` or
+        newer, else 0."""
         kept = self._kept.get(key) if key else None
-        if kept is None or len(kept.tokens) >= len(prompt):
+        if kept is None or len(kept.tokens) >= len(prompt) or kept.version < oldest:
             return 0
         return len(kept.tokens) if np.array_equal(kept.tokens, prompt[: len(kept.tokens)]) else 0
 
@@ -82,6 +88,7 @@ class KeptCaches:
         if (kept := self._kept.pop(key, None)) is not None:
             self._free.append(kept.row)
 
-    def clear(self) -> None:
-        self._free.extend(kept.row for kept in self._kept.values())
-        self._kept.clear()
+    def drop_older(self, oldest: int) -> None:
+        """Forget every cache of a version older than `oldest`."""
+        for key in [key for key, kept in self._kept.items() if kept.version < oldest]:
+            self.drop(key)

@@ -32,8 +32,9 @@ class SequenceState:
     """Prompt tokens whose cache it takes from a kept one (`kept_caches`) instead of prefilling."""
     reused_row: int = -1
     """The slot-cache row of that kept cache, copied into its own row before its prefill."""
-    admitted_version: int = -1
-    """The weight version it was admitted under: its cache is kept only if no swap came since."""
+    cache_version: int = -1
+    """The oldest weight version among its cache's keys and values: the version it was admitted
+    under, or that of the kept cache it took."""
 
     @classmethod
     def start(

@@ -114,6 +114,35 @@ def test_a_turn_that_ran_across_a_swap_is_not_kept(tiny: LoadedModel) -> None:
     assert engine.stats().kept_caches == 0
 
 
+def test_a_lag_allowance_keeps_caches_across_swaps_up_to_their_oldest_keys(tiny: LoadedModel) -> None:
+    engine = InferenceEngine(
+        tiny.model, tiny.tokenizer, SETTINGS.model_copy(update={"kept_cache_max_lag": 1})
+    )
+    same = {
+        name: p.detach().clone() for name, p in tiny.model.named_parameters()
+    }  # new versions, same weights
+    prompt, reply = encode(tiny, "guess 1 to 16"), encode(tiny, " lower")
+    reused = []
+
+    def turn(request_id: str, **pinned: int) -> list[int]:
+        nonlocal prompt
+        engine.add_request(GenerationRequest(request_id, prompt, SAMPLED, prompt_cache_key="e", **pinned))
+        drawn = _run(engine)[request_id].tokens.token_ids
+        prompt = prompt + drawn + reply
+        reused.append(engine.stats().reused_prompt_tokens - sum(reused))
+        return drawn
+
+    turn("t0")
+    engine.stage_weights(same, version=1)
+    turn("t1")  # its cache holds version 0's keys: one version behind, reused
+    engine.stage_weights(same, version=2)
+    turn("t2")  # the cache it would take still holds version 0's: two behind, prefilled whole
+    engine.stage_weights(same, version=3)
+    turn("t3", weight_version=3)  # pinned: only a cache of version 3 would do, and t2's is of 2
+    turn("t4", weight_version=3)  # t3's is of 3
+    assert [n > 0 for n in reused] == [False, True, False, False, True]
+
+
 def test_a_prompt_that_does_not_extend_the_kept_cache_is_prefilled_whole(tiny: LoadedModel) -> None:
     engine = InferenceEngine(tiny.model, tiny.tokenizer, SETTINGS)
     reference = InferenceEngine(
