@@ -337,7 +337,9 @@ class InferenceEngine:
             if whole > start:
                 self._isolated(self._prefill, range(start, whole))
             if whole < len(self._running):
-                self._isolated(self._extend, self._copy_kept(range(whole, len(self._running))))
+                rest = range(whole, len(self._running))
+                self._copy_kept(rest)
+                self._isolated(self._extend, rest)
         for drawn in self._batch.read(self._version):
             self._take(drawn)
         outputs += self._collect_updates()
@@ -483,13 +485,12 @@ class InferenceEngine:
             self._cache.copy_rows([source for source, _ in copies], [target for _, target in copies], width)
         self._batch.sample(rows, logits[owners] if len(unique) < len(rows) else logits)
 
-    def _copy_kept(self, rows: range) -> range:
+    def _copy_kept(self, rows: range) -> None:
         """These newcomers' kept caches copied into their rows, in one copy per buffer."""
         sequences = self._running[rows.start : rows.stop]
         length = max(s.reused for s in sequences)
         self._cache.copy_rows([s.reused_row for s in sequences], list(rows), length)
         self._reused_tokens += sum(s.reused for s in sequences)
-        return rows
 
     def _extend(self, rows: range) -> None:
         """Prompts of these running rows whose first `reused` tokens are in their cache rows
@@ -503,7 +504,8 @@ class InferenceEngine:
         pads = width - lengths
         self._prefill_tokens += int(lengths.sum())
         device = self.device
-        input_ids = torch.tensor([[self._pad_id] * pad + rest for pad, rest in zip(pads, rests, strict=True)])
+        padded = [[self._pad_id] * pad + rest for pad, rest in zip(pads, rests, strict=True)]
+        input_ids = torch.tensor(padded, device=device)
         columns = np.arange(width)
         positions = np.maximum(cached[:, None] + columns[None, :] - pads[:, None], 0)
         kv_len = int((cached + lengths).max())
@@ -512,7 +514,7 @@ class InferenceEngine:
         allowed = (self._key_positions[None, None, :kv_len] <= query_positions[:, :, None]) & real[:, :, None]
         read = (slice(rows.start, rows.stop), kv_len)
         plan = self._write_plan(np.arange(rows.start, rows.stop), lengths, cached, width, read)
-        logits = self._forward(input_ids.to(device), query_positions, allowed[:, None], plan)
+        logits = self._forward(input_ids, query_positions, allowed[:, None], plan)
         self._batch.sample(rows, logits)
 
     def _write_plan(
@@ -598,6 +600,8 @@ class InferenceEngine:
         rows: the prompt and completion but the last token (drawn, never fed through the model).
         Not kept: a request aborted or failed, or one whose cache is older than
         `kept_cache_max_lag` allows (with 0: one that ran across a weight swap)."""
+        if not self._kept.rows:
+            return
         copies: dict[int, int] = {}  # kept row -> running row: a key kept twice keeps its last
         length = 0
         for row in sorted(rows):
@@ -607,10 +611,7 @@ class InferenceEngine:
             if not key or sequence.finish_reason is FinishReason.ABORT or too_old:
                 continue
             tokens = np.array(sequence.request.prompt_token_ids + self._batch.token_ids(row)[:-1])
-            kept_row = self._kept.keep(key, tokens, sequence.cache_version)
-            if kept_row is None:
-                return  # none are kept
-            copies[kept_row] = row
+            copies[self._kept.keep(key, tokens, sequence.cache_version)] = row
             length = max(length, len(tokens))
         if copies:
             self._cache.add_rows(self._kept.first_row + self._kept.rows)

@@ -47,23 +47,18 @@ class KeptCaches:
         self.first_row, self.rows = first_row, rows
         self._free = list(range(first_row + rows - 1, first_row - 1, -1))
         self._kept: OrderedDict[str, Kept] = OrderedDict()
-        self.evicted = 0
-        """Kept caches dropped for want of a row before their key came back."""
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def keep(self, key: str, tokens: np.ndarray, version: int) -> int | None:
-        """The row to copy the cache of `tokens` into, now kept under `key`; None when none are kept."""
+    def keep(self, key: str, tokens: np.ndarray, version: int) -> int:
+        """The row to copy the cache of `tokens` into, now kept under `key` (`rows` must be 1 or more)."""
         if key in self._kept:
             row = self._kept.pop(key).row
         elif self._free:
             row = self._free.pop()
-        elif self._kept:
-            row = self._kept.popitem(last=False)[1].row
-            self.evicted += 1
         else:
-            return None
+            row = self._kept.popitem(last=False)[1].row
         self._kept[key] = Kept(row, tokens, version)
         return row
 

@@ -114,8 +114,8 @@ class _SlotLayer(CacheLayerMixin):
         if keys is None or values is None:
             keys, values = self._initialize(key_states, value_states)
         elif keys.shape[2] < plan.capacity:
-            keys = self.keys = _grow(keys, plan.capacity)
-            values = self.values = _grow(values, plan.capacity)
+            keys = self.keys = _grown(keys, capacity=plan.capacity)
+            values = self.values = _grown(values, capacity=plan.capacity)
         # [batch, heads, q, dim] -> [tokens, heads, dim], in the same order as plan.rows/positions
         keys[plan.rows, :, plan.positions] = _real_tokens(key_states, plan.real)
         values[plan.rows, :, plan.positions] = _real_tokens(value_states, plan.real)
@@ -133,7 +133,7 @@ class _SlotLayer(CacheLayerMixin):
     def add_rows(self, max_rows: int) -> None:
         if self.keys is None or self.values is None:
             return  # allocated at the first write, with the owner's max_rows
-        self.keys, self.values = _more_rows(self.keys, max_rows), _more_rows(self.values, max_rows)
+        self.keys, self.values = _grown(self.keys, rows=max_rows), _grown(self.values, rows=max_rows)
 
     def _initialize(
         self, key_states: torch.Tensor, value_states: torch.Tensor
@@ -165,13 +165,9 @@ def _real_tokens(states: torch.Tensor, real: tuple[torch.Tensor, torch.Tensor] |
     return tokens.flatten(0, 1) if real is None else tokens[real[0], real[1]]
 
 
-def _grow(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
-    grown = buffer.new_zeros(buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3])
-    grown[:, :, : buffer.shape[2]] = buffer
-    return grown
-
-
-def _more_rows(buffer: torch.Tensor, rows: int) -> torch.Tensor:
-    grown = buffer.new_zeros(rows, *buffer.shape[1:])
-    grown[: buffer.shape[0]] = buffer
+def _grown(buffer: torch.Tensor, *, rows: int | None = None, capacity: int | None = None) -> torch.Tensor:
+    """A [rows, heads, capacity, dim] buffer with more rows or more capacity, the old one in its start."""
+    max_rows, heads, old_capacity, dim = buffer.shape
+    grown = buffer.new_zeros(rows or max_rows, heads, capacity or old_capacity, dim)
+    grown[: buffer.shape[0], :, : buffer.shape[2]] = buffer
     return grown
