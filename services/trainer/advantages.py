@@ -4,6 +4,7 @@
         mean baseline           A_i = r_i - mean(r)
         leave-one-out baseline  A_i = r_i - mean(r_j, j != i) = n / (n - 1) * (r_i - mean(r))
         optional std scaling    A_i / (std(r) + eps)
+        negative advantages     A_i × negative_weight where A_i < 0 (1 by default)
     a group whose rewards are all equal teaches nothing (every A_i = 0): it is counted, and its
     samples are flagged so the learner leaves them out of the loss and its normalisation.
 
@@ -74,4 +75,4 @@ def _group_advantages(rewards: list[float], config: AdvantageConfig) -> list[flo
     if config.scale_by_std and n > 1:
         scale = statistics.stdev(rewards) + config.std_eps
         centred = [a / scale for a in centred]
-    return centred
+    return [a if a >= 0 else a * config.negative_weight for a in centred]

@@ -131,6 +131,14 @@ class AdvantageConfig(BaseModel):
     """Divide by the group's reward standard deviation (sample std, n - 1); PipelineRL leaves it off."""
     std_eps: float = Field(default=1e-6, gt=0)
     """Added to the std before dividing, so nearly-equal rewards do not blow up."""
+    negative_weight: float = Field(default=1.0, ge=0, le=1)
+    """What the advantages below zero are multiplied by: 1 is the policy gradient; 0 trains only on
+    the attempts that did better than their group (filtered, advantage-weighted behaviour cloning).
+    A negative advantage pushes its tokens' probability down, and a softmax hands what it takes to
+    the tokens already likeliest (the "squeezing effect" of Ren & Sutherland, ICLR 2025): on a model
+    learning from random weights that concentrates every group on one answer before the model has
+    learnt to tell them apart (docs/environments.md, the calculator). Below 1 the gradient is no
+    longer the policy gradient's; use it where the runs show the collapse."""
     skip_zero_variance: bool = True
     """Leave samples of groups whose rewards are all equal out of the loss (they are still counted)."""
 

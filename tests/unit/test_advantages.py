@@ -39,6 +39,22 @@ def test_std_scaling_divides_by_the_group_std() -> None:
     assert _values(_group("g", [1.0, 0.0, 0.5]), config) == pytest.approx([1.0, -1.0, 0.0], rel=1e-5)
 
 
+def test_negative_weight_scales_only_the_advantages_below_zero() -> None:
+    # Centred: 0.5, -0.5, 0; the negative one halved, then (with std scaling, std 0.5) doubled.
+    assert _values(_group("g", [1.0, 0.0, 0.5]), AdvantageConfig(negative_weight=0.5)) == pytest.approx(
+        [0.5, -0.25, 0.0]
+    )
+    config = AdvantageConfig(scale_by_std=True, std_eps=1e-6, negative_weight=0.0)
+    assert _values(_group("g", [1.0, 0.0, 0.5]), config) == pytest.approx([1.0, 0.0, 0.0], rel=1e-5)
+
+
+def test_negative_weight_leaves_a_group_that_teaches_nothing_skipped() -> None:
+    samples = _group("failed", [0.0] * 4)
+    result = compute_advantages(samples, AdvantageConfig(negative_weight=0.0))
+    assert result.zero_variance_groups == 1
+    assert result.trained(samples) == []
+
+
 def test_groups_are_separated_by_group_id_even_when_interleaved() -> None:
     first, second = _group("a", [1.0, 0.0]), _group("b", [10.0, 20.0])
     interleaved = [first[0], second[0], first[1], second[1]]
