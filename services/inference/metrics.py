@@ -41,6 +41,7 @@ COUNTERS = {
     "weight_update_failures": "Versions that could not be had (the old weights were kept).",
     "weight_verification_failures": "Received buckets or chunks that failed their checksum.",
     "weight_fetch_fallbacks": "Versions fetched after their broadcast or CUDA IPC hand-off failed.",
+    "weight_abandoned_broadcasts": "Broadcasts given up once the trainer had moved on to another group.",
 }
 PINNED_COUNTERS = {
     "weight_pinned_waits": "Weight versions that waited, staged, behind requests pinned to the one served.",
@@ -134,6 +135,7 @@ def _receiver_counters(stats: ReceiverStats) -> Iterator[Metric]:
             "weight_update_failures": stats.failed_updates,
             "weight_verification_failures": stats.verification_failures,
             "weight_fetch_fallbacks": stats.fetch_fallbacks,
+            "weight_abandoned_broadcasts": stats.abandoned_broadcasts,
         },
     )
     transfers = CounterMetricFamily(

@@ -11,6 +11,13 @@ verified version to the engine.
 Nothing reaches the engine before every bucket of a version has passed its checksum, so a server
 never serves a mix of two versions: a failed transfer leaves the old weights, is counted, and is
 retried by fetching.
+
+The stream is read ahead of the versions being received. A broadcast relays through the receivers
+(gloo's is a tree), so one whose peer died mid-broadcast can wait on it after the trainer's own part
+has ended, up to the group's timeout. Once the trainer announces a version outside that group (it
+forms a new one when a member leaves), nothing more can come of it: the receiver gives it up and
+takes the newer version, instead of holding the new group's rendezvous, and with it every other
+member, until the timeout.
 """
 
 from __future__ import annotations
@@ -62,6 +69,9 @@ class ReceiverStats:
     updates: int = 0
     failed_updates: int = 0
     broadcasts: int = 0
+    abandoned_broadcasts: int = 0
+    """Broadcasts given up because the trainer had moved on to another group (their version
+    skipped for the newer one)."""
     fetches: int = 0
     cuda_ipc: int = 0
     fetch_fallbacks: int = 0
@@ -98,6 +108,11 @@ class WeightReceiver:
         self._on_update = on_update
         self._group: BroadcastGroup | None = None
         self._buckets: list[torch.Tensor] = []
+        self._reading = False
+        self._newest_group: str | None = None
+        """While the stream is read (`run`), the group of the newest notice read (None: a notice
+        without one)."""
+        self._notice_read = asyncio.Event()
         self.version: WeightVersion | None = None
         self.stats = ReceiverStats()
 
@@ -109,18 +124,42 @@ class WeightReceiver:
         new stream opens once the channel reaches the trainer again (within its reconnect backoff)."""
         while True:
             announced = False
+            current = -1 if self.version is None else self.version.version
+            request = WatchRequest(self._receiver_id, current, self._accepts_broadcast, self._cuda_uuid)
+            notices: asyncio.Queue[WeightNotice | Exception | None] = asyncio.Queue()
+            reader = asyncio.create_task(self._read(request, notices))
             try:
-                current = -1 if self.version is None else self.version.version
-                request = WatchRequest(self._receiver_id, current, self._accepts_broadcast, self._cuda_uuid)
-                async for notice in self._source.watch_weights(request):
+                while (notice := await notices.get()) is not None:
+                    if isinstance(notice, Exception):
+                        raise notice
                     announced = True
                     await self.receive(notice)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the trainer restarting or unreachable: keep serving, retry
                 log.warning("weight stream lost; reconnecting", error=str(exc), retry_s=self._reconnect_s)
+            finally:
+                reader.cancel()
             if not announced:
                 await asyncio.sleep(self._reconnect_s)
+
+    async def _read(
+        self, request: WatchRequest, notices: asyncio.Queue[WeightNotice | Exception | None]
+    ) -> None:
+        """Queue the stream's notices as they come (then None, or the error that ended it), noting
+        the group of the newest for `_receive_broadcast`."""
+        self._reading = True
+        try:
+            async for notice in self._source.watch_weights(request):
+                self._newest_group = notice.broadcast.group_name if notice.broadcast is not None else None
+                self._notice_read.set()
+                notices.put_nowait(notice)
+        except Exception as exc:
+            notices.put_nowait(exc)
+            return
+        finally:
+            self._reading = False
+        notices.put_nowait(None)
 
     async def receive(self, notice: WeightNotice) -> bool:
         """Receive, verify and apply one version. False (old weights kept) if it could not be had.
@@ -143,7 +182,10 @@ class WeightReceiver:
         missing = list(range(len(buckets)))
         if notice.broadcast is not None:
             # Joining the broadcast is owed to the group even for a version we would skip.
-            missing = await self._receive_broadcast(notice.broadcast, layout, buckets)
+            received = await self._receive_broadcast(notice.broadcast, layout, buckets)
+            if received is None:  # given up: the trainer has moved on to a newer version
+                return False
+            missing = received
         if held:
             return True
         if missing and (notice.broadcast is not None or notice.cuda_ipc is not None):
@@ -219,10 +261,27 @@ class WeightReceiver:
 
     async def _receive_broadcast(
         self, rendezvous: Rendezvous, layout: WeightLayout, buckets: list[torch.Tensor]
-    ) -> list[int]:
-        """Receive every bucket by broadcast; returns the indices that must still be fetched."""
+    ) -> list[int] | None:
+        """Receive every bucket by broadcast; returns the indices that must still be fetched, or
+        None if the broadcast was given up because the trainer announced a version outside its
+        group meanwhile."""
+        broadcast = asyncio.ensure_future(in_own_thread(lambda: self._broadcast(rendezvous, buckets)))
+        moved_on = asyncio.ensure_future(self._moved_on_from(rendezvous.group_name))
         try:
-            await in_own_thread(lambda: self._broadcast(rendezvous, buckets))
+            await asyncio.wait((broadcast, moved_on), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved_on.cancel()
+        if not broadcast.done():
+            # Left waiting to its own timeout, the call may still write into these buffers.
+            broadcast.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self._buckets = []
+            self._leave_group()
+            self.stats.abandoned_broadcasts += 1
+            log.warning("broadcast given up: the trainer has moved on to another group",
+                        group=rendezvous.group_name, newest=self._newest_group)  # fmt: skip
+            return None
+        try:
+            broadcast.result()
         except Exception as exc:
             self._leave_group()  # at once: the trainer or a peer may still wait on its connections
             self.stats.last_error = f"broadcast: {exc}"
@@ -239,14 +298,23 @@ class WeightReceiver:
                 bad.append(index)
         return bad
 
+    async def _moved_on_from(self, group: str) -> None:
+        """Return once a notice of another group, or of none, has been read from the stream (never
+        when `receive` is called on its own)."""
+        while not self._reading or self._newest_group == group:
+            self._notice_read.clear()
+            await self._notice_read.wait()
+
     def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor]) -> None:
         if self._group is None or self._group.name != rendezvous.group_name:
             self._leave_group()
             self._group = join(rendezvous)
-        device = self._group.device
+        # Held here: a call given up may outlive this group's place in `_group`.
+        group = self._group
+        device = group.device
         for bucket in buckets:
             staged = bucket if device.type == "cpu" else bucket.to(device)
-            self._group.broadcast(staged)
+            group.broadcast(staged)
             if staged is not bucket:
                 bucket.copy_(staged)
 
