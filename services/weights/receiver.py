@@ -23,6 +23,7 @@ member, until the timeout.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ class WeightReceiver:
         self._reconnect_s = reconnect_s
         self._on_update = on_update
         self._group: BroadcastGroup | None = None
+        self._group_lock = threading.Lock()
+        self._calls = 0
+        """Broadcast calls begun or given up; a call whose number is no longer this one may not
+        take `_group` (one given up while it joined its group would take the place of a newer)."""
         self._buckets: list[torch.Tensor] = []
         self._reading = False
         self._newest_group: str | None = None
@@ -265,17 +270,21 @@ class WeightReceiver:
         """Receive every bucket by broadcast; returns the indices that must still be fetched, or
         None if the broadcast was given up because the trainer announced a version outside its
         group meanwhile."""
-        broadcast = asyncio.ensure_future(in_own_thread(lambda: self._broadcast(rendezvous, buckets)))
+        with self._group_lock:
+            self._calls += 1
+            call = self._calls
+        broadcast = asyncio.ensure_future(in_own_thread(lambda: self._broadcast(rendezvous, buckets, call)))
+        broadcast.add_done_callback(lambda done: done.cancelled() or done.exception())  # read below
         moved_on = asyncio.ensure_future(self._moved_on_from(rendezvous.group_name))
         try:
             await asyncio.wait((broadcast, moved_on), return_when=asyncio.FIRST_COMPLETED)
         finally:
             moved_on.cancel()
         if not broadcast.done():
-            # Left waiting to its own timeout, the call may still write into these buffers.
-            broadcast.add_done_callback(lambda done: done.cancelled() or done.exception())
-            self._buckets = []
-            self._leave_group()
+            with self._group_lock:
+                self._calls += 1
+                self._leave_group()
+            self._buckets = []  # left waiting to its own timeout, the call may still write into them
             self.stats.abandoned_broadcasts += 1
             log.warning("broadcast given up: the trainer has moved on to another group",
                         group=rendezvous.group_name, newest=self._newest_group)  # fmt: skip
@@ -305,12 +314,22 @@ class WeightReceiver:
             self._notice_read.clear()
             await self._notice_read.wait()
 
-    def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor]) -> None:
-        if self._group is None or self._group.name != rendezvous.group_name:
-            self._leave_group()
-            self._group = join(rendezvous)
-        # Held here: a call given up may outlive this group's place in `_group`.
-        group = self._group
+    def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor], call: int) -> None:
+        """Call `call`'s broadcast, in its own thread: on the receiver's group if it is the one
+        named, else on a group joined for it. The group is held here, not read from `_group` again:
+        a call given up may outlive its group's place there."""
+        with self._group_lock:
+            group = self._group
+            if group is not None and group.name != rendezvous.group_name:
+                self._leave_group()
+                group = None
+        if group is None:
+            group = join(rendezvous)
+            with self._group_lock:
+                if call != self._calls:  # given up while it joined
+                    group.close()
+                    raise RuntimeError(f"the broadcast of group {rendezvous.group_name} was given up")
+                self._group = group
         device = group.device
         for bucket in buckets:
             staged = bucket if device.type == "cpu" else bucket.to(device)

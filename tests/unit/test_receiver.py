@@ -144,7 +144,7 @@ class RelayReceiver(WeightReceiver):
         self.release = threading.Event()
         self.loop = asyncio.get_running_loop()
 
-    def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor]) -> None:
+    def _broadcast(self, rendezvous: Rendezvous, buckets: list[torch.Tensor], call: int) -> None:
         if rendezvous.group_name == "g1":
             self.loop.call_soon_threadsafe(self.source.first_begun.set)
             self.release.wait(timeout=30)
