@@ -25,7 +25,7 @@ from typing import Any
 from pipelinerl.common.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from pipelinerl.common.log import get_logger
 from pipelinerl.environment.agent import Episode, outcome
-from pipelinerl.environment.episodes import run_code
+from pipelinerl.environment.calls import run_code
 from pipelinerl.environment.types import AgentCall, AgentOutcome, EnvironmentInfo, EnvironmentStats
 from pipelinerl.environment.validation import EnvironmentFailed, check_episode_id, check_task
 

@@ -24,17 +24,14 @@ What each call answers, and what it leaves held:
 
 A call that runs on in the instance is owned by the episode, not by the RPC that began it: a caller
 that gave up (its deadline passed, its connection dropped) can retry and receive the same answer.
-Plain methods run each in a daemon thread of their own, so a hung one holds only its thread (which
-cannot be stopped; it is abandoned when its time limit passes, and `close` may run beside it).
+Plain methods run on worker threads (`calls.run_code`), each call on a thread no other call is
+using, so a hung one holds only its thread (which cannot be stopped; it is abandoned when its time
+limit passes, and `close` may run beside it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import inspect
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,6 +39,7 @@ from typing import Any, TypeVar
 
 from pipelinerl.common.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from pipelinerl.common.log import get_logger
+from pipelinerl.environment.calls import run_code
 from pipelinerl.environment.sdk import Environment
 from pipelinerl.environment.types import (
     EnvironmentInfo,
@@ -363,39 +361,3 @@ def _owned(task: asyncio.Task[T]) -> asyncio.Task[T]:
     as an exception nobody retrieved (the episode's own log line said what failed)."""
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
     return task
-
-
-async def run_code(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run an environment method: a coroutine function in this loop, a plain one in a thread; an
-    awaitable that a plain one returns is awaited here."""
-    result = await fn(*args) if inspect.iscoroutinefunction(fn) else await _in_thread(fn, *args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-    """`fn(*args)` in a daemon thread of its own: unlike a pool's, a thread that never returns
-    neither holds up later calls nor the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.done():  # the caller's time limit passed
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
-    def run() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (context.run(fn, *args), None)
-        except BaseException as exc:
-            outcome = (None, exc)
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, *outcome)
-
-    threading.Thread(target=run, name=f"env {getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return future

@@ -17,8 +17,9 @@
 
 One instance serves one episode: the server makes it (`Class(**env_args)`), calls `reset` once, then
 `step` once per turn, and `close` when the episode ends, fails or is reaped. Methods may be plain or
-`async`: a plain one runs in a thread of its own, so one slow episode does not hold the others up;
-an `async` one runs in the server's event loop and must not block it.
+`async`: a plain one runs on a worker thread no other call is using at the time, so one slow
+episode does not hold the others up; an `async` one runs in the server's event loop and must not
+block it.
 """
 
 from __future__ import annotations

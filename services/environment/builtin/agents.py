@@ -22,7 +22,7 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from pipelinerl.environment.agent import Episode, Result
 from pipelinerl.environment.builtin.calculator import Calculator
 from pipelinerl.environment.builtin.guess_number import GuessNumber
-from pipelinerl.environment.episodes import run_code
+from pipelinerl.environment.calls import run_code
 from pipelinerl.environment.openai_shape import message_to_openai, tool_to_openai
 from pipelinerl.environment.sdk import Environment, Message, Opening, Step, ToolCall
 
