@@ -7,8 +7,9 @@ Plain functions run on daemon threads that are kept between calls: a call takes 
 starts a new one, never waits for a busy one. So a call that never returns holds only its own
 thread, which cannot be stopped (it is abandoned when its time limit passes, and the process exits
 without it), as with a thread started per call; but a steady stream of calls reuses a few threads
-instead of starting one per call, which cost the server a quarter of its CPU when it started one for
-every episode's constructor. A worker idle for `IDLE_EXIT_S` exits.
+instead of starting one per call (`benchmarks/environment_table.py`: with plain methods the episode
+table spends a third of the CPU per episode it spent with a thread per call). A worker idle for
+`IDLE_EXIT_S` exits.
 """
 
 from __future__ import annotations
