@@ -62,11 +62,6 @@ class EngineSettings(BaseModel):
     is what a fresh prefill would compute); above 0 the next turn continues on older ones, as a
     sequence running across an update does, and reuse survives the updates between an episode's
     turns. Requests pinned to a version reuse only caches of that version."""
-    decode_groups: int | None = Field(default=None, ge=1)
-    """Built-in only: groups of rows a decode's attention runs in, each to its own longest row's
-    keys rather than all to the longest one's, with the rows kept in order of length
-    (`pipelinerl.inference.row_groups`). 1: one group. Unset: 4 on CPU, where it was measured, and
-    1 on a GPU, where it was not."""
     kv_cache_gib: float = Field(default=1.0, gt=0)
     """vLLM only: size of its KV cache in GiB."""
     ignore_eos: bool = False

@@ -13,10 +13,7 @@ its own loop and routes the outputs; tests drive it directly.
                per received bucket (`flat_weights`): the parameters live in flat buffers laid out
                like the buckets, from the first version on
             2. apply aborts: their rows leave the batch, the cache row is freed
-            3. decode: ONE forward over all running rows (1 token each), draw, +1 token per row;
-               its attention runs by groups of rows of like length, each to its own longest row
-               (`row_groups`), the rows first moved into the group their length ranks them in
-               when that pays
+            3. decode: ONE forward over all running rows (1 token each), draw, +1 token per row
             4. admit newcomers into free rows (≤ max_running, ≤ max_prefill_tokens) and prefill
                them in ONE left-padded forward, each distinct prompt once (a group's attempts share
                theirs); their first token comes from it, so they join the decode batch next step.
@@ -79,7 +76,6 @@ from pipelinerl.inference.kv_cache import (
     check_attention_window,
 )
 from pipelinerl.inference.pinning import PinnedWaits, check_pinned
-from pipelinerl.inference.row_groups import CPU_DECODE_GROUPS, Groups, groups_of, install, regrouping
 from pipelinerl.inference.sequence import SequenceState, eos_token_ids
 from pipelinerl.inference.stop import completion_text
 from pipelinerl.inference.types import GenerationRequest, GenerationUpdate, Limits
@@ -175,9 +171,6 @@ class InferenceEngine:
             self.settings.max_running, self.settings.max_running if kept is None else kept
         )
         self._cache_argument = cache_argument(model)
-        groups = self.settings.decode_groups or (CPU_DECODE_GROUPS if self.device.type == "cpu" else 1)
-        self._groups = groups if groups > 1 and install(model) else 1
-        """Groups of rows a decode's attention runs in (`row_groups`); 1: one, to the longest row."""
         self._batch = RunningBatch(self.settings.max_running, self.settings.max_new_tokens, self.device)
         self._key_positions = torch.arange(self.max_model_len, device=self.device)
         self._version = weight_version
@@ -332,7 +325,6 @@ class InferenceEngine:
         self._swap_staged_weights()
         outputs = self._apply_aborts()
         if self._running:
-            self._sort_rows()
             self._decode_steps += 1
             self._decoded_rows += len(self._running)
             self._isolated(self._decode, range(len(self._running)))
@@ -459,26 +451,8 @@ class InferenceEngine:
             capacity=capacity_for(kv_len, self.max_model_len),
             read=(index, kv_len),
         )
-        groups = groups_of(batch.host_positions[index], self._groups) if self._groups > 1 else None
-        logits = self._forward(batch.last_ids[index, None], positions[:, None], allowed, plan, groups)
+        logits = self._forward(batch.last_ids[index, None], positions[:, None], allowed, plan)
         batch.sample(rows, logits)
-
-    def _sort_rows(self) -> None:
-        """Each running row moved into the group of rows its length ranks it in, when that saves
-        the coming decodes more reading than it costs (`row_groups.regrouping`): caches and batch
-        state move as `_release` moves them."""
-        if self._groups < 2:
-            return
-        positions = self._batch.host_positions[: len(self._running)]
-        moves = regrouping(positions, self._groups)
-        if moves is None:
-            return
-        sources, targets = moves
-        self._cache.copy_rows(sources, targets, int(positions[sources].max()))
-        self._batch.move(sources, targets)
-        moved = [self._running[row] for row in sources]
-        for row, sequence in zip(targets, moved, strict=True):
-            self._running[row] = sequence
 
     def _prefill(self, rows: range) -> None:
         """Prompts of these running rows (not yet prefilled), left-padded to the longest one, so the
@@ -571,15 +545,9 @@ class InferenceEngine:
         )
 
     def _forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        allowed: torch.Tensor,
-        plan: CachePlan,
-        groups: Groups | None = None,
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, plan: CachePlan
     ) -> torch.Tensor:
-        """Next-token logits [batch, vocab] at the last column of `input_ids`; a decode's attention
-        by `groups` of rows when given."""
+        """Next-token logits [batch, vocab] at the last column of `input_ids`."""
         # Additive mask with the dtype's minimum rather than -inf: a padding query that may see no
         # key at all then gets a uniform (ignored) attention instead of NaN.
         blocked = torch.finfo(self.dtype).min
@@ -593,7 +561,6 @@ class InferenceEngine:
             use_cache=True,
             **{self._cache_argument: self._cache},
             logits_to_keep=1,
-            **({"row_groups": groups} if groups else {}),
         )
         return out.logits[:, -1]
 
